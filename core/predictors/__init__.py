@@ -1,0 +1,1 @@
+"""Termination predictors for BR-H: (features, ages, H) -> (p_fin, mu_rem)."""

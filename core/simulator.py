@@ -1,0 +1,345 @@
+"""The step-synchronous data-parallel decode cluster of DESIGN §1.
+
+Per decode step k, in this order: (1) the scheduling tick assigns pooled requests to free slots
+(bound for life); (2) the step runs on the loads it has: L_g(k), I(k) are recorded and τ(k)
+elapses; (3) every active request generates one token (L_g grows by n_g) and a request whose age
+reaches o_i finishes and frees its slot (its s_i + o_i tokens leave L_g).
+
+Request state lives in numpy columns and a (G·B) slot table; no per-request Python objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .policies.base import Policy
+from .state import ClusterState, PoolView, validate_assignment
+from .workloads.base import Workload
+
+__all__ = ["SimConfig", "SimResult", "StepModel", "simulate"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepModel:
+    """Step time ``τ(k) = b + max_g(a·L_g(k) + c·n_g(k))`` in seconds.
+
+    Defaults (b = 30 ms, a = 0.2 µs per KV token, c = 0) give a ~60 ms step at G = 8, B = 64 on
+    the decode-heavy bundled workloads, the regime of the paper (≈60 ms decode step).
+    With c = 0 this is ``b + a·M(k)``.
+    """
+
+    b: float = 0.030
+    a: float = 2.0e-7
+    c: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("b", "a", "c"):
+            value = getattr(self, name)
+            if not np.isfinite(value) or value < 0:
+                raise ValueError(f"step model {name}={value!r} must be a finite number >= 0")
+        if self.b == 0 and self.a == 0 and self.c == 0:
+            raise ValueError("step model b, a, c cannot all be 0")
+
+    @classmethod
+    def parse(cls, text: str) -> StepModel:
+        """From ``"b=0.03,a=2e-7,c=0"`` (any subset of the keys; the rest keep defaults)."""
+        values: dict[str, float] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, sep, raw = part.partition("=")
+            key = key.strip()
+            if not sep or key not in ("a", "b", "c"):
+                raise ValueError(f"step model {part!r}: expected a=..., b=... or c=...")
+            try:
+                values[key] = float(raw)
+            except ValueError:
+                raise ValueError(f"step model {part!r}: {raw!r} is not a number") from None
+        return cls(**values)
+
+    def step_time(self, loads: NDArray, active: NDArray) -> float:
+        """τ for one step given loads L_g and active counts n_g."""
+        if self.c == 0.0:
+            return self.b + self.a * float(loads.max())
+        return self.b + float(np.max(self.a * loads + self.c * active))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimConfig:
+    """One simulated cluster and how requests reach it.
+
+    ``mode="saturated"``: the pool is refilled once per step (before the tick) to ``pool_size``
+    requests, taken in trace order — the paper's saturated load. ``mode="open_loop"``: requests
+    join the pool at ``arrival_s / rate_scale + prefill_delay_s``.
+    ``pool_size`` defaults to 2·G (enough choice for the tick, short enough that pool waits stay
+    far below a KV lease).
+    """
+
+    num_replicas: int = 8
+    slots: int = 64
+    mode: Literal["saturated", "open_loop"] = "saturated"
+    pool_size: int | None = None
+    rate_scale: float = 1.0
+    prefill_delay_s: float = 0.0
+    step_model: StepModel = field(default_factory=StepModel)
+    record_series: bool = False
+    check_assignments: bool = True
+    max_steps: int = 100_000_000
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 1:
+            raise ValueError(f"{self.num_replicas=} must be >= 1")
+        if self.slots < 1:
+            raise ValueError(f"{self.slots=} must be >= 1")
+        if self.mode not in ("saturated", "open_loop"):
+            raise ValueError(f"{self.mode=} must be 'saturated' or 'open_loop'")
+        if self.pool_size is not None and self.pool_size < 1:
+            raise ValueError(f"{self.pool_size=} must be >= 1")
+        if not self.rate_scale > 0:
+            raise ValueError(f"{self.rate_scale=} must be > 0")
+        if self.prefill_delay_s < 0:
+            raise ValueError(f"{self.prefill_delay_s=} must be >= 0")
+
+    @property
+    def pool_target(self) -> int:
+        """The saturated-mode pool size."""
+        return self.pool_size if self.pool_size is not None else 2 * self.num_replicas
+
+
+@dataclass(slots=True)
+class SimResult:
+    """Metrics of one run, per-request outcomes and (if asked) the per-step series.
+
+    Definitions: the *loaded phase* is steps 0..k_last where k_last is the last step at which any
+    request was assigned (after it the cluster only drains). ``mean_imbalance`` is the mean of
+    I(k) = G·M(k) − Σ_g L_g(k) over the loaded phase, ``mean_imbalance_all`` over every step;
+    ``barrier_idle_fraction`` = Σ I / Σ G·M over the loaded phase (share of replica capacity spent
+    waiting); ``throughput_tok_s`` = Σ o_i / Σ τ(k); TPOT_i = (t_last − t_first) / (o_i − 1) over
+    requests with o_i > 1; TTFT_i = end of the first decode step − arrival (includes prefill delay
+    and pool wait); pool wait = tick time − time joined the pool.
+    """
+
+    metrics: dict[str, float]
+    replica: NDArray[np.int64]
+    start_step: NDArray[np.int64]
+    finish_step: NDArray[np.int64]
+    ttft_s: NDArray[np.float64]
+    tpot_s: NDArray[np.float64]
+    pool_wait_s: NDArray[np.float64]
+    series: dict[str, NDArray] | None = None
+
+
+class _Series:
+    """Growable per-step columns (amortised doubling, numpy storage)."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.n = 0
+        self.cols = {name: np.empty(1024, dtype=np.float64) for name in names}
+
+    def append(self, **values: float) -> None:
+        if self.n == next(iter(self.cols.values())).shape[0]:
+            self.cols = {k: np.concatenate([v, np.empty_like(v)]) for k, v in self.cols.items()}
+        for key, value in values.items():
+            self.cols[key][self.n] = value
+        self.n += 1
+
+    def arrays(self) -> dict[str, NDArray]:
+        return {k: v[: self.n].copy() for k, v in self.cols.items()}
+
+
+def _percentiles(values: NDArray, prefix: str, scale: float) -> dict[str, float]:
+    if values.shape[0] == 0:
+        return {f"{prefix}_p50": float("nan"), f"{prefix}_p95": float("nan"), f"{prefix}_p99": float("nan")}
+    p50, p95, p99 = np.percentile(values, [50, 95, 99]) * scale
+    return {f"{prefix}_p50": float(p50), f"{prefix}_p95": float(p95), f"{prefix}_p99": float(p99)}
+
+
+def simulate(
+    workload: Workload,
+    policy: Policy,
+    config: SimConfig,
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> SimResult:
+    """Run ``workload`` through ``policy`` on the cluster of ``config`` until every request has
+    finished. Deterministic for a given workload, policy (and its seed) and config.
+
+    ``progress(n_finished)`` is called now and then (for a progress bar).
+    """
+    n = len(workload)
+    g_count, b_slots = config.num_replicas, config.slots
+    if n == 0:
+        raise ValueError("the workload has no requests")
+    prompt = workload.prompt_len.astype(np.int64)
+    output = workload.output_len.astype(np.int64)
+    saturated = config.mode == "saturated"
+    if saturated:
+        arrival = np.full(n, np.nan)
+        ready = arrival
+    else:
+        if workload.arrival_s is None:
+            raise ValueError(f"workload {workload.name!r} has no timestamps: open-loop mode needs them")
+        arrival = workload.arrival_s.astype(np.float64) / config.rate_scale
+        if np.any(np.diff(arrival) < 0):
+            raise ValueError(f"workload {workload.name!r}: arrival_s must be non-decreasing")
+        ready = arrival + config.prefill_delay_s
+
+    replica = np.full(n, -1, dtype=np.int64)
+    start = np.full(n, -1, dtype=np.int64)
+    finish = np.full(n, -1, dtype=np.int64)
+    joined = np.array(ready, dtype=np.float64, copy=True)
+    tick_time = np.full(n, np.nan)
+    first_time = np.full(n, np.nan)
+    finish_time = np.full(n, np.nan)
+
+    slot_req = np.full(g_count * b_slots, -1, dtype=np.int64)
+    slot_end = np.full(g_count * b_slots, -1, dtype=np.int64)
+    loads = np.zeros(g_count, dtype=np.int64)
+    n_act = np.zeros(g_count, dtype=np.int64)
+    pool = np.zeros(0, dtype=np.int64)
+    nxt = 0
+    k = 0
+    now = 0.0
+    finished = 0
+    generated = 0
+    sum_i = sum_gm = sum_tau = 0.0
+    loaded = (0.0, 0.0, 0)  # (Σ I, Σ G·M, steps) up to the last assigning step
+    series = _Series(("imbalance", "envelope", "total_load", "step_time", "active", "pool")) if config.record_series else None
+    target = config.pool_target
+
+    while finished < n:
+        if k >= config.max_steps:
+            raise RuntimeError(f"simulation exceeded {config.max_steps} steps")
+        # admit: saturated refill, or arrivals whose prefill has completed
+        if saturated:
+            take = min(target - pool.shape[0], n - nxt)
+            if take > 0:
+                new = np.arange(nxt, nxt + take, dtype=np.int64)
+                joined[new] = now
+        else:
+            take = int(np.searchsorted(ready, now, side="right")) - nxt
+            new = np.arange(nxt, nxt + take, dtype=np.int64)
+        if take > 0:
+            pool = np.concatenate([pool, new])
+            nxt += take
+
+        # (1) the scheduling tick
+        assigned_now = False
+        chosen = pool[:0]
+        free = b_slots - n_act
+        if pool.shape[0] and free.sum():
+            occupied = np.flatnonzero(slot_req >= 0)
+            ids = slot_req[occupied]
+            state = ClusterState(
+                loads=loads.copy(), free_slots=free, num_active=n_act.copy(), step=k, now=now,
+                active_replica=occupied // b_slots, active_prompt=prompt[ids],
+                active_age=k - start[ids], active_ids=ids,
+            )
+            view = PoolView(prompt_len=prompt[pool], wait=now - joined[pool], request_ids=pool.copy())
+            decision = policy.assign(state, view)
+            if config.check_assignments:
+                validate_assignment(state, view, decision)
+            if len(decision):
+                chosen = pool[decision.pool_index]
+                for rid, g in zip(chosen.tolist(), decision.replica.tolist()):
+                    row = slot_req[g * b_slots:(g + 1) * b_slots]
+                    slot = g * b_slots + int(np.argmax(row < 0))
+                    slot_req[slot] = rid
+                    slot_end[slot] = k + output[rid] - 1
+                replica[chosen] = decision.replica
+                start[chosen] = k
+                tick_time[chosen] = now
+                np.add.at(loads, decision.replica, prompt[chosen])
+                n_act += np.bincount(decision.replica, minlength=g_count)
+                keep = np.ones(pool.shape[0], dtype=bool)
+                keep[decision.pool_index] = False
+                pool = pool[keep]
+                assigned_now = True
+
+        if not n_act.any():
+            # idle: nothing runs; jump to the next arrival (open loop only)
+            if pool.shape[0] == 0 and nxt < n and not saturated:
+                now = max(now, float(ready[nxt]))
+                continue
+            raise RuntimeError("no request is running and none can be assigned")  # pragma: no cover
+
+        # (2) the step runs on the loads it has
+        envelope = int(loads.max())
+        total = int(loads.sum())
+        imb = g_count * envelope - total
+        tau = config.step_model.step_time(loads, n_act)
+        now += tau
+        sum_i += imb
+        sum_gm += g_count * envelope
+        sum_tau += tau
+        if assigned_now:
+            loaded = (sum_i, sum_gm, k + 1)
+            first_time[chosen] = now
+        if series is not None:
+            series.append(imbalance=imb, envelope=envelope, total_load=total, step_time=tau,
+                          active=int(n_act.sum()), pool=pool.shape[0])
+
+        # (3) every active request generates one token; some finish
+        generated += int(n_act.sum())
+        loads += n_act
+        done = np.flatnonzero(slot_end == k)
+        if done.shape[0]:
+            rids = slot_req[done]
+            gs = done // b_slots
+            np.subtract.at(loads, gs, prompt[rids] + output[rids])
+            n_act -= np.bincount(gs, minlength=g_count)
+            slot_req[done] = -1
+            slot_end[done] = -1
+            finish[rids] = k
+            finish_time[rids] = now
+            finished += done.shape[0]
+            if progress is not None:
+                progress(finished)
+        k += 1
+
+    if generated != int(output.sum()) or loads.any():
+        raise AssertionError("token conservation violated")  # pragma: no cover
+
+    if saturated:
+        arrival = joined
+    multi = output > 1
+    tpot = (finish_time[multi] - first_time[multi]) / (output[multi] - 1)
+    ttft = first_time - arrival
+    wait = tick_time - joined
+    loaded_i, loaded_gm, loaded_steps = loaded
+    metrics: dict[str, float] = {
+        "requests": float(n),
+        "generated_tokens": float(generated),
+        "steps": float(k),
+        "loaded_steps": float(loaded_steps),
+        "mean_imbalance": loaded_i / max(loaded_steps, 1),
+        "mean_imbalance_all": sum_i / k,
+        "barrier_idle_fraction": loaded_i / loaded_gm if loaded_gm else 0.0,
+        "throughput_tok_s": generated / sum_tau,
+        "busy_time_s": sum_tau,
+        "makespan_s": now,
+        "mean_step_ms": 1e3 * sum_tau / k,
+        **_percentiles(tpot, "tpot_ms", 1e3),
+        **_percentiles(ttft, "ttft_s", 1.0),
+        "pool_wait_mean_s": float(np.mean(wait)),
+        "pool_wait_p99_s": float(np.percentile(wait, 99)),
+    }
+    return SimResult(
+        metrics=metrics,
+        replica=replica,
+        start_step=start,
+        finish_step=finish,
+        ttft_s=ttft,
+        tpot_s=_scatter(tpot, multi),
+        pool_wait_s=wait,
+        series=series.arrays() if series is not None else None,
+    )
+
+
+def _scatter(values: NDArray, mask: NDArray) -> NDArray:
+    out = np.full(mask.shape[0], np.nan)
+    out[mask] = values
+    return out

@@ -1,0 +1,89 @@
+"""What a policy sees and what it returns: the contract shared by the simulator and the proxy.
+
+The simulator and the serving proxy both build a :class:`ClusterState` and a :class:`PoolView`
+each scheduling tick, call ``policy.assign(state, pool)``, and apply the returned
+:class:`Assignment` themselves (decide, then apply).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["Assignment", "ClusterState", "PoolView", "validate_assignment"]
+
+_EMPTY_I = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(slots=True)
+class ClusterState:
+    """Decode-cluster state at the start of a tick.
+
+    ``loads[g]`` is L_g (KV tokens), ``num_active[g]`` is n_g (running requests) and
+    ``free_slots[g]`` is B_g − n_g. The ``active_*`` arrays list
+    the requests running now (one entry per request, flat): replica, prompt length, age a_i and
+    the caller's request id, for policies that project loads ahead (BR-H).
+    """
+
+    loads: NDArray[np.int64]
+    free_slots: NDArray[np.int64]
+    num_active: NDArray[np.int64]
+    step: int = 0
+    now: float = 0.0
+    active_replica: NDArray[np.int64] = field(default_factory=lambda: _EMPTY_I)
+    active_prompt: NDArray[np.int64] = field(default_factory=lambda: _EMPTY_I)
+    active_age: NDArray[np.int64] = field(default_factory=lambda: _EMPTY_I)
+    active_ids: NDArray[np.int64] = field(default_factory=lambda: _EMPTY_I)
+
+    @property
+    def num_replicas(self) -> int:
+        """G."""
+        return int(self.loads.shape[0])
+
+
+@dataclass(slots=True)
+class PoolView:
+    """Prefilled requests waiting for a decode slot, in arrival (FIFO) order.
+
+    ``wait[j]`` is how long pooled request j has waited, in seconds; ``request_ids[j]`` is the
+    caller's id (a workload row in the simulator, a proxy-internal id in serving).
+    """
+
+    prompt_len: NDArray[np.int64]
+    wait: NDArray[np.float64]
+    request_ids: NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return int(self.prompt_len.shape[0])
+
+
+@dataclass(slots=True)
+class Assignment:
+    """Pool positions and the replica each goes to, in the order the policy decided them."""
+
+    pool_index: NDArray[np.int64] = field(default_factory=lambda: _EMPTY_I)
+    replica: NDArray[np.int64] = field(default_factory=lambda: _EMPTY_I)
+
+    def __len__(self) -> int:
+        return int(self.pool_index.shape[0])
+
+
+def validate_assignment(state: ClusterState, pool: PoolView, out: Assignment) -> None:
+    """Raise ``ValueError`` unless ``out`` assigns each pooled request at most once, only to
+    existing replicas, and never more requests to a replica than it has free slots."""
+    n = len(pool)
+    g = state.num_replicas
+    if out.pool_index.shape != out.replica.shape:
+        raise ValueError("assignment arrays differ in length")
+    if len(out) == 0:
+        return
+    if out.pool_index.min() < 0 or out.pool_index.max() >= n:
+        raise ValueError("assignment names a pool position that does not exist")
+    if np.unique(out.pool_index).shape[0] != len(out):
+        raise ValueError("assignment names a pooled request twice")
+    if out.replica.min() < 0 or out.replica.max() >= g:
+        raise ValueError("assignment names a replica that does not exist")
+    if np.any(np.bincount(out.replica, minlength=g) > state.free_slots):
+        raise ValueError("assignment exceeds a replica's free slots")

@@ -1,0 +1,147 @@
+"""The two-stage BalanceRoute tick (DESIGN §2), shared by BR-0 and BR-H.
+
+Both policies run this one routine; they differ only in the projected loads they pass
+(``(G, 1)`` current loads for BR-0, ``(G, H+1)`` projections for BR-H) and in (d, α, β).
+With H = 0, d = (1,), α = 1, β = G the score is BR-0's ``F = Δ − G·(Δ − m)_+``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from itertools import combinations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .state import Assignment
+
+__all__ = ["best_subset", "subset_masks", "two_stage_assign"]
+
+
+@lru_cache(maxsize=16)
+def subset_masks(r: int) -> NDArray[np.float64]:
+    """All non-empty subsets of ``r`` candidates as 0/1 rows, smallest subsets first."""
+    rows = [
+        [1.0 if j in combo else 0.0 for j in range(r)]
+        for size in range(1, r + 1)
+        for combo in combinations(range(r), size)
+    ]
+    masks = np.array(rows, dtype=np.float64).reshape(-1, r)
+    masks.setflags(write=False)
+    return masks
+
+
+def _score(delta: NDArray, m: NDArray, d: NDArray, alpha: float, beta: float) -> NDArray:
+    """Horizon F-score of Δ (any shape) against one replica's margin vector ``m`` (H+1,)."""
+    if m.shape[0] == 1:  # BR-0 fast path: same formula with d = (1,)
+        return alpha * d[0] * delta - beta * d[0] * np.maximum(delta - m[0], 0.0)
+    over = np.maximum(delta[..., None] - m, 0.0)
+    return alpha * d.sum() * delta - beta * (over @ d)
+
+
+def best_subset(
+    sizes: NDArray, m: NDArray, cap: int, d: NDArray, alpha: float, beta: float
+) -> tuple[NDArray[np.int64], float]:
+    """``Q* = argmax_{Q ⊆ candidates, 1 ≤ |Q| ≤ cap} F(Σ_{i∈Q} s_i)`` by enumeration.
+
+    ``sizes`` are the candidates' prompt lengths. Returns the chosen positions within
+    ``sizes`` (ties: the smaller, then lexicographically first subset) and F(Q*).
+    """
+    masks = subset_masks(sizes.shape[0])
+    masks = masks[masks.sum(axis=1) <= cap]
+    scores = _score(masks @ sizes, m, d, alpha, beta)
+    best = int(np.argmax(scores))
+    return np.flatnonzero(masks[best]).astype(np.int64), float(scores[best])
+
+
+def two_stage_assign(
+    proj_loads: NDArray,
+    free_slots: NDArray,
+    prompt_len: NDArray,
+    wait: NDArray,
+    *,
+    d: NDArray,
+    alpha: float,
+    beta: float,
+    s_greedy: int,
+    r_max: int,
+    deadline_s: float,
+    growth: NDArray | None = None,
+) -> Assignment:
+    """One scheduling tick of BalanceRoute.
+
+    ``proj_loads`` (G, H+1): projected loads L̂_g(h); ``free_slots`` (G,); pool columns
+    ``prompt_len`` (P,) and ``wait`` (P,) seconds. ``growth`` (P, H+1), optional: what request i
+    adds to L̂_g(h) beyond s_i once placed (BR-H's own growth of the new request); the score uses
+    Δ·1 as DESIGN defines it, the projection update uses s_i + growth_i.
+
+    Order: (0) requests that waited ``≥ deadline_s`` go first, oldest first, each to the replica
+    with a free slot maximising F({i}); (1) while Σ free > ``s_greedy``, the replica with most free
+    slots (ties: lower load) takes the request with the largest F({i}); (2) then the replica with
+    the largest (free slots, margin m(0)) takes ``Q*`` among its ``r_max`` best single-request
+    candidates, or — starvation guard — its best single request when F(Q*) ≤ 0. Every pop
+    places at least one request, so the tick is work-conserving: it places min(Σ free, P).
+    """
+    loads = np.array(proj_loads, dtype=np.float64, copy=True)
+    free = np.array(free_slots, dtype=np.int64, copy=True)
+    sizes = np.asarray(prompt_len, dtype=np.float64)
+    d = np.asarray(d, dtype=np.float64)
+    n_pool = sizes.shape[0]
+    alive = np.ones(n_pool, dtype=bool)
+    out_i: list[int] = []
+    out_g: list[int] = []
+    big = -np.inf
+
+    def place(i: int, g: int) -> None:
+        loads[g] += sizes[i] if growth is None else sizes[i] + growth[i]
+        free[g] -= 1
+        alive[i] = False
+        out_i.append(i)
+        out_g.append(g)
+
+    def replica_margins(g: int) -> NDArray:
+        return loads.max(axis=0) - loads[g]
+
+    remaining = min(int(free.sum()), n_pool)
+
+    # (0) pool deadline: the KV lease of a pooled request is about to expire.
+    waited = np.asarray(wait, dtype=np.float64)
+    late = np.flatnonzero(waited >= deadline_s)
+    for i in late[np.argsort(-waited[late], kind="stable")]:
+        if len(out_i) == remaining:
+            break
+        open_g = np.flatnonzero(free > 0)
+        over = np.maximum(sizes[i] - (loads.max(axis=0) - loads[open_g]), 0.0)
+        scores = alpha * d.sum() * sizes[i] - beta * (over @ d)
+        place(int(i), int(open_g[int(np.argmax(scores))]))
+
+    # (1) plenty of room: greedy fill, largest F({i}) to the emptiest replica.
+    while len(out_i) < remaining and free.sum() > s_greedy:
+        open_g = np.flatnonzero(free == free.max())
+        g = int(open_g[np.argmin(loads[open_g, 0])])
+        f1 = _score(sizes, replica_margins(g), d, alpha, beta)
+        f1[~alive] = big
+        place(int(np.argmax(f1)), g)
+
+    # (2) scarce room: best subset of the top r_max candidates for the top replica.
+    while len(out_i) < remaining:
+        open_g = np.flatnonzero(free == free.max())
+        m0 = loads.max(axis=0)[0] - loads[open_g, 0]
+        g = int(open_g[np.argmax(m0)])
+        m = replica_margins(g)
+        f1 = _score(sizes, m, d, alpha, beta)
+        f1[~alive] = big
+        n_alive = n_pool - len(out_i)
+        k = min(r_max, n_alive)
+        cand = np.argpartition(-f1, k - 1)[:k] if k < n_pool else np.arange(n_pool)
+        cand = cand[alive[cand]]
+        cand = cand[np.lexsort((cand, -f1[cand]))][:k]
+        chosen, best = best_subset(sizes[cand], m, min(int(free[g]), k), d, alpha, beta)
+        if best <= 0.0:
+            chosen = np.zeros(1, dtype=np.int64)  # starvation guard: best single request
+        for j in chosen:
+            place(int(cand[j]), g)
+
+    return Assignment(
+        pool_index=np.asarray(out_i, dtype=np.int64), replica=np.asarray(out_g, dtype=np.int64)
+    )

@@ -1,0 +1,1 @@
+"""balanceroute.solvers."""
