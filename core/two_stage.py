@@ -76,7 +76,7 @@ def two_stage_assign(
     Δ·1 as DESIGN defines it, the projection update uses s_i + growth_i.
 
     Order: (0) requests that waited ``≥ deadline_s`` go first, oldest first, each to the replica
-    with a free slot maximising F({i}); (1) while Σ free > ``s_greedy``, the replica with most free
+    with a free slot maximising F({i}) (ties: more free slots, larger margin); (1) while Σ free > ``s_greedy``, the replica with most free
     slots (ties: lower load) takes the request with the largest F({i}); (2) then the replica with
     the largest (free slots, margin m(0)) takes ``Q*`` among its ``r_max`` best single-request
     candidates, or — starvation guard — its best single request when F(Q*) ≤ 0. Every pop
@@ -88,6 +88,7 @@ def two_stage_assign(
     d = np.asarray(d, dtype=np.float64)
     n_pool = sizes.shape[0]
     alive = np.ones(n_pool, dtype=bool)
+    pool_order = np.arange(n_pool)
     out_i: list[int] = []
     out_g: list[int] = []
     big = -np.inf
@@ -111,9 +112,11 @@ def two_stage_assign(
         if len(out_i) == remaining:
             break
         open_g = np.flatnonzero(free > 0)
-        over = np.maximum(sizes[i] - (loads.max(axis=0) - loads[open_g]), 0.0)
-        scores = alpha * d.sum() * sizes[i] - beta * (over @ d)
-        place(int(i), int(open_g[int(np.argmax(scores))]))
+        m_open = loads.max(axis=0) - loads[open_g]
+        scores = alpha * d.sum() * sizes[i] - beta * (np.maximum(sizes[i] - m_open, 0.0) @ d)
+        # best F; ties: more free slots, then larger margin m(0)
+        best = np.lexsort((-m_open[:, 0], -free[open_g], -scores))[0]
+        place(int(i), int(open_g[best]))
 
     # (1) plenty of room: greedy fill, largest F({i}) to the emptiest replica.
     while len(out_i) < remaining and free.sum() > s_greedy:
@@ -131,11 +134,8 @@ def two_stage_assign(
         m = replica_margins(g)
         f1 = _score(sizes, m, d, alpha, beta)
         f1[~alive] = big
-        n_alive = n_pool - len(out_i)
-        k = min(r_max, n_alive)
-        cand = np.argpartition(-f1, k - 1)[:k] if k < n_pool else np.arange(n_pool)
-        cand = cand[alive[cand]]
-        cand = cand[np.lexsort((cand, -f1[cand]))][:k]
+        k = min(r_max, n_pool - len(out_i))
+        cand = np.lexsort((pool_order, -f1))[:k]  # best F({i}) first; ties: pool order
         chosen, best = best_subset(sizes[cand], m, min(int(free[g]), k), d, alpha, beta)
         if best <= 0.0:
             chosen = np.zeros(1, dtype=np.int64)  # starvation guard: best single request

@@ -1,0 +1,39 @@
+# The two set-up commands of README: `make compare` (main job) and `make test` (test suite).
+# Each creates .venv if needed and installs what it needs into it.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+WORKLOAD ?= servegen-r1
+REPLICAS ?= 8
+
+.PHONY: compare test install install-all lint clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Base install: the simulator, policies and the compare/simulate commands.
+$(VENV)/.installed-base: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+# Every extra. torch is pinned first: an unpinned torch pulls a multi-GB CUDA build.
+$(VENV)/.installed-all: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet -e ".[all]"
+	touch $@ $(VENV)/.installed-base
+
+install: $(VENV)/.installed-base
+install-all: $(VENV)/.installed-all
+
+compare: $(VENV)/.installed-base
+	$(BIN)/balanceroute compare --workload $(WORKLOAD) --replicas $(REPLICAS)
+
+test: $(VENV)/.installed-all
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: $(VENV)/.installed-all
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info

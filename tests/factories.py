@@ -1,0 +1,36 @@
+"""Seeded instance factories shared by tests and benchmarks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from balanceroute.core.state import ClusterState, PoolView
+from balanceroute.core.workloads.base import Workload
+
+
+def random_tick(
+    rng: np.random.Generator, *, replicas: int, pool: int, slots: int = 8, max_prompt: int = 4000
+) -> tuple[ClusterState, PoolView]:
+    """A mid-run looking tick: random loads and occupancy, a pool of random prompts."""
+    active = rng.integers(0, slots + 1, size=replicas)
+    loads = (active * rng.integers(200, 3000, size=replicas)).astype(np.int64)
+    state = ClusterState(
+        loads=loads, free_slots=(slots - active).astype(np.int64), num_active=active.astype(np.int64)
+    )
+    view = PoolView(
+        prompt_len=rng.integers(1, max_prompt, size=pool).astype(np.int64),
+        wait=rng.uniform(0.0, 5.0, size=pool),
+        request_ids=np.arange(pool, dtype=np.int64),
+    )
+    return state, view
+
+
+def lognormal_workload(
+    n: int, *, seed: int = 0, prompt_mu: float = 6.0, output_mu: float = 6.5, rate: float | None = None
+) -> Workload:
+    """Heavy-tailed synthetic requests (lognormal lengths), optionally Poisson arrivals."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.lognormal(prompt_mu, 1.0, n).astype(np.int64) + 1
+    output = np.minimum(rng.lognormal(output_mu, 1.0, n).astype(np.int64) + 1, 16_384)
+    arrival = np.cumsum(rng.exponential(1.0 / rate, n)) if rate else None
+    return Workload(name=f"lognormal-{seed}", prompt_len=prompt, output_len=output, arrival_s=arrival)
