@@ -12,12 +12,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._io import (
+    Record,
     TracePath,
     bundled_file,
     check_lengths,
     check_nondecreasing,
     column,
-    display,
     int_column,
     read_csv,
     stem,
@@ -53,7 +53,7 @@ def _is_timestamp(text: str) -> bool:
         return False
 
 
-def parse_timestamps(texts: list[str], lines: list[int], path: TracePath) -> NDArray[np.float64]:
+def parse_timestamps(texts: list[str], records: list[Record]) -> NDArray[np.float64]:
     """Seconds of each timestamp after the first one (nanosecond exact; UTC offsets honoured)."""
     naive, offsets = [], np.zeros(len(texts), dtype=np.int64)
     for i, text in enumerate(texts):
@@ -69,7 +69,7 @@ def parse_timestamps(texts: list[str], lines: list[int], path: TracePath) -> NDA
         bad = [i for i, text in enumerate(naive) if not _is_timestamp(text)] or [0]
     if bad:
         raise WorkloadError(
-            f"{display(path)}:{lines[bad[0]]}: field TIMESTAMP: {texts[bad[0]]!r} is not a timestamp"
+            f"{records[bad[0]][0]}: field TIMESTAMP: {texts[bad[0]]!r} is not a timestamp"
         )
     ns = stamps.astype(np.int64) - offsets
     return (ns - ns[0]).astype(np.float64) / 1e9
@@ -81,16 +81,17 @@ def load_azure2023(
     """The requests of an Azure trace CSV; ``arrival_s`` counts from the first row."""
     header, rows = read_csv(path)
     cols = [column(header, (h,), path) for h in HEADER]
-    lines = [line for line, _ in rows]
-    stamps = [fields[cols[0]] for _, fields in rows]
-    prompt = int_column(rows, cols[1], path, HEADER[1])
-    output = int_column(rows, cols[2], path, HEADER[2])
-    check_lengths(prompt, lines, path, HEADER[1])
-    check_lengths(output, lines, path, HEADER[2])
-    arrival = parse_timestamps(stamps, lines, path)
-    check_nondecreasing(arrival, lines, path, HEADER[0])
+    prompt = int_column(rows, cols[1], HEADER[1])
+    output = int_column(rows, cols[2], HEADER[2])
+    check_lengths(prompt, rows, HEADER[1])
+    check_lengths(output, rows, HEADER[2])
+    arrival = parse_timestamps([fields[cols[0]] for _, fields in rows], rows)
+    check_nondecreasing(arrival, rows, HEADER[0])
     return Workload(
-        name=name or stem(path), prompt_len=prompt, output_len=output, arrival_s=arrival,
+        name=name or stem(path),
+        prompt_len=prompt,
+        output_len=output,
+        arrival_s=arrival,
         source=source,
     )
 

@@ -13,10 +13,9 @@ from ._io import (
     bundled_file,
     check_lengths,
     check_nondecreasing,
-    display,
-    iter_json_lines,
-    parse_float,
-    parse_int,
+    float_column,
+    int_column,
+    read_json_records,
     stem,
 )
 from .base import Workload, WorkloadError
@@ -29,9 +28,6 @@ MOONCAKE_SOURCE = (
 )
 """Citation of the bundled Mooncake trace."""
 
-FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
-"""The fields every line must carry."""
-
 
 def prefix_hash(hash_ids: Sequence[int]) -> int:
     """A stable 63-bit identity of a full ``hash_ids`` list (BLAKE2b of its int64 bytes).
@@ -43,6 +39,14 @@ def prefix_hash(hash_ids: Sequence[int]) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+def _hash_ids(obj: dict, where: str) -> list[int]:
+    ids = obj.get("hash_ids")
+    if not isinstance(ids, list) or not all(type(i) is int and 0 <= i < 2**63 for i in ids):
+        shown = "missing" if ids is None else "expected a list of non-negative integers"
+        raise WorkloadError(f"{where}: field hash_ids: {shown}")
+    return ids
+
+
 def load_mooncake(
     path: TracePath, *, name: str | None = None, source: str = MOONCAKE_SOURCE
 ) -> Workload:
@@ -50,34 +54,20 @@ def load_mooncake(
 
     ``prefix_hash`` is :func:`prefix_hash` of each line's ``hash_ids``.
     """
-    where = display(path)
-    lines, times, prompt, output, hashes = [], [], [], [], []
-    for ln, obj in iter_json_lines(path):
-        at = f"{where}:{ln}"
-        for field in FIELDS:
-            if field not in obj:
-                raise WorkloadError(f"{at}: field {field}: missing")
-        ids = obj["hash_ids"]
-        if not isinstance(ids, list) or any(
-            isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids
-        ):
-            raise WorkloadError(f"{at}: field hash_ids: expected a list of non-negative integers")
-        lines.append(ln)
-        times.append(parse_float(obj["timestamp"], at, "timestamp"))
-        prompt.append(parse_int(obj["input_length"], at, "input_length"))
-        output.append(parse_int(obj["output_length"], at, "output_length"))
-        hashes.append(prefix_hash(ids))
-    arrays = [np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64)]
-    check_lengths(arrays[0], lines, path, "input_length")
-    check_lengths(arrays[1], lines, path, "output_length")
-    ms = np.array(times, dtype=np.float64)
-    check_nondecreasing(ms, lines, path, "timestamp")
+    records = read_json_records(path)
+    prompt = int_column(records, "input_length", "input_length")
+    output = int_column(records, "output_length", "output_length")
+    ms = float_column(records, "timestamp", "timestamp")
+    hashes = np.array([prefix_hash(_hash_ids(obj, where)) for where, obj in records], np.int64)
+    check_lengths(prompt, records, "input_length")
+    check_lengths(output, records, "output_length")
+    check_nondecreasing(ms, records, "timestamp")
     return Workload(
         name=name or stem(path),
-        prompt_len=arrays[0],
-        output_len=arrays[1],
+        prompt_len=prompt,
+        output_len=output,
         arrival_s=(ms - ms[0]) / 1000.0,
-        prefix_hash=np.array(hashes, dtype=np.int64),
+        prefix_hash=hashes,
         source=source,
     )
 
