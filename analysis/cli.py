@@ -103,6 +103,22 @@ def _jsonable(record: dict) -> dict:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in record.items()}
 
 
+def _print_metrics(record: dict) -> None:
+    for key, value in record.items():
+        if isinstance(value, float):
+            print(f"  {key:26s} {value:,.4g}" if abs(value) < 1e4 else f"  {key:26s} {value:,.0f}")
+        else:
+            print(f"  {key:26s} {value}")
+
+
+def _write_series(path: str, series: dict) -> None:
+    import numpy as np
+
+    names = list(series)
+    table = np.column_stack([np.arange(len(series[names[0]]))] + [series[n] for n in names])
+    np.savetxt(path, table, delimiter=",", header=",".join(["step", *names]), comments="", fmt="%.10g")
+
+
 def _run_compare(args: argparse.Namespace, names: list[str]) -> int:
     from tqdm import tqdm
 
@@ -110,7 +126,8 @@ def _run_compare(args: argparse.Namespace, names: list[str]) -> int:
     from balanceroute.analysis.policies import make_factory
 
     workload = workload_from_args(args)
-    config = config_from_args(args)
+    series_path = getattr(args, "series", None)
+    config = config_from_args(args, record_series=bool(series_path))
     factory = make_factory(workload, num_replicas=config.num_replicas, seed=args.seed,
                            train_fraction=args.train_fraction)
     test = factory.test_workload
@@ -128,7 +145,9 @@ def _run_compare(args: argparse.Namespace, names: list[str]) -> int:
             bar.set_postfix_str(name)
 
         records = compare_policies(test, names, config, seed=args.seed, factory=factory,
-                                   on_policy=on_policy, progress=progress)
+                                   on_policy=on_policy, progress=progress,
+                                   on_result=(lambda r: _write_series(series_path, r.series))
+                                   if series_path else None)
     if not args.json and args.csv != "-":
         print(f"workload {test.name}: {len(test):,} requests"
               + (f" (predictors fitted on the preceding {len(factory.train_workload):,})"
@@ -136,6 +155,9 @@ def _run_compare(args: argparse.Namespace, names: list[str]) -> int:
               + f"; G={config.num_replicas}, B={config.slots}, {config.mode}, "
               f"pool {config.pool_target}, seed {args.seed}")
     _emit(records, args)
+    if len(names) == 1 and not args.json and args.csv != "-":
+        print()
+        _print_metrics(records[0])
     return 0
 
 
@@ -170,6 +192,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="simulate one policy on a workload",
                        description="Simulate one policy on the step-synchronous DP decode cluster.")
     p.add_argument("--policy", default="br0", help="policy name (default: %(default)s)")
+    p.add_argument("--series", metavar="CSV",
+                   help="write the per-step series (I(k), M(k), ΣL, τ, active, pool) to this CSV")
     add_workload_args(p)
     add_cluster_args(p)
     _add_output_args(p)

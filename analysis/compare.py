@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 from balanceroute.core.policies import BASELINES, get_policy
 from balanceroute.core.policies.base import Policy
-from balanceroute.core.simulator import SimConfig, simulate
+from balanceroute.core.simulator import SimConfig, SimResult, simulate
 from balanceroute.core.workloads.base import Workload
 
 __all__ = ["TABLE_COLUMNS", "add_gains", "compare_policies", "format_table"]
@@ -34,6 +34,7 @@ def compare_policies(
     factory: PolicyFactory | None = None,
     on_policy: Callable[[str], None] | None = None,
     progress: Callable[[int], None] | None = None,
+    on_result: Callable[[SimResult], None] | None = None,
 ) -> list[dict]:
     """Simulate every policy in ``names`` on the same workload, cluster and seed.
 
@@ -48,6 +49,8 @@ def compare_policies(
         if on_policy is not None:
             on_policy(name)
         result = simulate(workload, policy, config, progress=progress)
+        if on_result is not None:
+            on_result(result)
         records.append(
             {
                 "policy": name,
