@@ -1,1 +1,68 @@
-"""balanceroute.solvers."""
+"""Exact offline oracles next to the online heuristic: per-tick assignment (PuLP/CBC, PuLP/HiGHS,
+CP-SAT, brute force), the clairvoyant multi-step schedule (CP-SAT, PuLP/CBC, PuLP/HiGHS), LP and
+combinatorial lower bounds, and optimality-gap tooling.
+
+``get_solver("tick-cpsat").solve(instance, time_limit_s=10)`` returns a :class:`Solution`; a
+wrong name is answered with the valid ones. Backends are imported only when a solver runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import FEASIBLE, NO_SOLUTION, OPTIMAL, Solution, Solver
+from .clairvoyant_cpsat import ClairvoyantCpSatSolver
+from .clairvoyant_milp import ClairvoyantCbcSolver, ClairvoyantHighsSolver
+from .instances import ClairvoyantInstance, TickInstance, load_instance, save_instance
+from .tick_brute import TickBruteForceSolver
+from .tick_cpsat import TickCpSatSolver
+from .tick_pulp import TickCbcSolver, TickHighsSolver
+
+__all__ = [
+    "FEASIBLE",
+    "NO_SOLUTION",
+    "OPTIMAL",
+    "SOLVERS",
+    "ClairvoyantInstance",
+    "Solution",
+    "Solver",
+    "TickInstance",
+    "available_solvers",
+    "get_solver",
+    "load_instance",
+    "save_instance",
+    "solver_names",
+]
+
+SOLVERS: dict[str, Any] = {
+    "tick-cbc": TickCbcSolver,
+    "tick-highs": TickHighsSolver,
+    "tick-cpsat": TickCpSatSolver,
+    "tick-brute": TickBruteForceSolver,
+    "clairvoyant-cpsat": ClairvoyantCpSatSolver,
+    "clairvoyant-cbc": ClairvoyantCbcSolver,
+    "clairvoyant-highs": ClairvoyantHighsSolver,
+}
+
+
+def solver_names(problem: str | None = None) -> list[str]:
+    """Registered solver names (for one ``problem``, ``"tick"`` or ``"clairvoyant"``, if given)."""
+    return [k for k, f in SOLVERS.items() if problem is None or f.problem == problem]  # type: ignore[attr-defined]
+
+
+def available_solvers(problem: str | None = None) -> list[str]:
+    """The registered solvers whose backend is installed."""
+    return [k for k in solver_names(problem) if SOLVERS[k].is_available()]  # type: ignore[attr-defined]
+
+
+def get_solver(name: str) -> Solver:
+    """The solver registered as ``name``; ``ValueError`` listing the valid names otherwise, or
+    naming the missing backend module."""
+    try:
+        factory = SOLVERS[name]
+    except KeyError:
+        raise ValueError(f"unknown solver {name!r}; valid: {', '.join(SOLVERS)}") from None
+    if not factory.is_available():  # type: ignore[attr-defined]
+        raise ValueError(f"solver {name!r} needs {', '.join(factory.requires)}: "  # type: ignore[attr-defined]
+                         "pip install 'balanceroute[solvers]'")
+    return factory()

@@ -1,0 +1,239 @@
+"""``balanceroute gap``: online policies next to the exact optimum, per tick or per episode.
+
+    balanceroute gap --instances 50 --replicas 4 --pool 16            # per-tick, random
+    balanceroute gap --mode tick --workload azure-conv-2023           # ticks met in a simulation
+    balanceroute gap --mode clairvoyant --workload azure-conv-2023 --requests 32 --replicas 4
+    balanceroute gap --load saved/*.json --csv gaps.csv               # shared instances
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``gap`` subcommand."""
+    p = subparsers.add_parser(
+        "gap", help="optimality gap of the heuristics against exact solvers",
+        description="Solve instances exactly (MILP / CP-SAT) and report each policy's gap.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--mode", choices=("tick", "clairvoyant"), default="tick",
+                   help="per-tick assignment or the clairvoyant multi-step episode")
+    src = p.add_argument_group("instances")
+    src.add_argument("--instances", "-n", type=int, default=20, help="how many instances")
+    src.add_argument("--replicas", "-G", type=int, default=4, help="replicas G")
+    src.add_argument("--pool", "-P", type=int, default=16, help="tick: pool size P")
+    src.add_argument("--max-free", type=int, default=3, help="tick (random): free slots per replica 0..F")
+    src.add_argument("--horizon", type=int, default=0,
+                     help="tick (random): BR-H projection steps H (0: BR-0)")
+    src.add_argument("--slots", "-B", type=int, default=None,
+                     help="slots per replica (default: 64 tick simulation, 3 clairvoyant)")
+    src.add_argument("--requests", type=int, default=32, help="clairvoyant: requests per episode")
+    src.add_argument("--first", type=int, default=0, help="clairvoyant --workload: first request")
+    src.add_argument("--release", choices=("zero", "arrival"), default="zero",
+                     help="clairvoyant --workload: all at step 0, or the trace's arrivals")
+    src.add_argument("--step", default="auto",
+                     help="clairvoyant: decode steps per model step q, or 'auto' (fit --max-model-steps)")
+    src.add_argument("--max-model-steps", type=int, default=40, help="clairvoyant: target for --step auto")
+    src.add_argument("--seed", type=int, default=0, help="seed for instances, policies and solvers")
+    src.add_argument("--workload", default=None,
+                     help="a bundled workload or trace file (tick: ticks met by BR-0 in a "
+                          "simulation; clairvoyant: consecutive slices)")
+    src.add_argument("--sim-requests", type=int, default=2000, help="tick --workload: simulated requests")
+    src.add_argument("--min-output", type=int, default=None, help="--workload: keep outputs >= this")
+    src.add_argument("--max-output", type=int, default=None, help="--workload: keep outputs <= this")
+    src.add_argument("--load", nargs="+", default=None, metavar="PATH", help="instance JSON files")
+    src.add_argument("--save", default=None, metavar="DIR", help="write the instances as JSON here")
+    run = p.add_argument_group("solving")
+    run.add_argument("--objective", default=None,
+                     help="tick: f_score (default) or imbalance; clairvoyant: imbalance "
+                          "(default) or step_time")
+    run.add_argument("--policies", default=None,
+                     help="comma-separated (default tick: br0 + baselines; clairvoyant: all)")
+    run.add_argument("--solver", default=None, help="default tick-cpsat / clairvoyant-cpsat")
+    run.add_argument("--time-limit", type=float, default=None,
+                     help="seconds per solve (default 10 tick, 60 clairvoyant)")
+    run.add_argument("--gap-rel", type=float, default=0.0, help="solver relative gap tolerance")
+    run.add_argument("--threads", type=int, default=1, help="solver threads")
+    run.add_argument("--lp-bound", action=argparse.BooleanOptionalAction, default=None,
+                     help="also compute the LP relaxation bound (default: on for tick)")
+    out = p.add_argument_group("output")
+    out.add_argument("--csv", default=None, metavar="PATH", help="write one row per instance x policy")
+    out.add_argument("--quiet", action="store_true", help="only the summary, no per-instance lines")
+    out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(handler=run_gap)
+
+
+def _instances(args: argparse.Namespace) -> list:
+    import numpy as np
+
+    from .factories import (
+        clairvoyant_from_workload,
+        random_clairvoyant_instance,
+        random_tick_instance,
+    )
+    from .instances import ClairvoyantInstance, load_instance
+
+    if args.instances < 1 or args.replicas < 1 or args.pool < 1:
+        raise ValueError("--instances, --replicas and --pool must be >= 1")
+    if args.load:
+        loaded = [load_instance(path) for path in args.load]
+        kinds = {"clairvoyant" if isinstance(x, ClairvoyantInstance) else "tick" for x in loaded}
+        if len(kinds) > 1:
+            raise ValueError("--load mixes tick and clairvoyant instances")
+        args.mode = kinds.pop()
+        return loaded
+    rng = np.random.default_rng(args.seed)
+    objective: Any = args.objective or ("f_score" if args.mode == "tick" else "imbalance")
+    if args.mode == "tick":
+        if args.workload:
+            return _simulated_ticks(args, objective)
+        return [random_tick_instance(rng, num_replicas=args.replicas, pool_size=args.pool,
+                                     max_free=args.max_free, horizon=args.horizon,
+                                     objective=objective, name=f"tick{k:03d}")
+                for k in range(args.instances)]
+    slots = args.slots or 3
+    if args.workload:
+        from balanceroute.core.workloads import load_workload
+
+        wl = load_workload(args.workload, requests=args.first + args.instances * args.requests,
+                           seed=args.seed, min_output=args.min_output, max_output=args.max_output)
+        episodes = [clairvoyant_from_workload(
+            wl, first=args.first + k * args.requests, num_requests=args.requests,
+            num_replicas=args.replicas, slots=slots, release=args.release, objective=objective)
+            for k in range(args.instances)]
+    else:
+        episodes = [random_clairvoyant_instance(
+            rng, num_requests=args.requests, num_replicas=args.replicas, slots=slots,
+            max_prompt=2000, max_output=200, max_release=0, objective=objective,
+            name=f"episode{k:03d}") for k in range(args.instances)]
+    return [_coarsen(ep, args) for ep in episodes]
+
+
+def _coarsen(episode, args: argparse.Namespace):
+    if args.step == "auto":
+        fine = dataclasses.replace(episode, step=1).model_horizon
+        q = max(1, math.ceil(fine / max(args.max_model_steps, 1)))
+    else:
+        try:
+            q = int(args.step)
+        except ValueError:
+            raise ValueError(f"--step must be an integer or 'auto', got {args.step!r}") from None
+    return dataclasses.replace(episode, step=q)
+
+
+def _simulated_ticks(args: argparse.Namespace, objective: str) -> list:
+    from balanceroute.core.policies import get_policy
+    from balanceroute.core.simulator import SimConfig, simulate
+    from balanceroute.core.workloads import load_workload
+
+    from .bridge import TickRecorder
+
+    wl = load_workload(args.workload, requests=args.sim_requests, seed=args.seed,
+                       min_output=args.min_output, max_output=args.max_output)
+    recorder = TickRecorder(inner=get_policy("br0"), objective=objective)
+    simulate(wl, recorder, SimConfig(num_replicas=args.replicas, slots=args.slots or 64,
+                                     pool_size=args.pool))  # type: ignore[arg-type]
+    ticks = recorder.ticks[len(recorder.ticks) // 10:]  # skip the warm-up fill
+    if not ticks:
+        raise ValueError(f"the simulation of {args.workload!r} met no tick with a choice")
+    step = max(1, len(ticks) // args.instances)
+    return [dataclasses.replace(t, name=f"{wl.name}:{t.name}") for t in ticks[::step][: args.instances]]
+
+
+def _policies(args: argparse.Namespace) -> list[str]:
+    from balanceroute.core.policies import BASELINES, policy_names
+
+    valid = policy_names()
+    if args.policies:
+        names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    elif args.mode == "tick":
+        names = ["br0", *BASELINES]
+    else:
+        names = valid
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise ValueError(f"unknown policy {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}")
+    return names
+
+
+def _fmt(x: float) -> str:
+    if isinstance(x, float) and not math.isfinite(x):
+        return "-"
+    return f"{x:.6g}" if abs(x) < 1e6 else f"{x:.4e}"
+
+
+def run_gap(args: argparse.Namespace) -> int:
+    """Handler of ``balanceroute gap``."""
+    from tqdm import tqdm
+
+    from . import get_solver, solver_names
+    from .gap import clairvoyant_gap_rows, summarize, tick_gap_rows
+    from .instances import save_instance
+
+    instances = _instances(args)
+    policies = _policies(args)
+    solver = args.solver or f"{args.mode}-cpsat"
+    if solver not in solver_names(args.mode):
+        raise ValueError(f"solver {solver!r} does not solve {args.mode} instances; valid: "
+                         f"{', '.join(solver_names(args.mode))}")
+    get_solver(solver)  # fails early on a missing backend
+    if args.save:
+        folder = Path(args.save)
+        folder.mkdir(parents=True, exist_ok=True)
+        for k, inst in enumerate(instances):
+            save_instance(inst, folder / f"{args.mode}-{k:03d}.json")
+    time_limit = args.time_limit or (10.0 if args.mode == "tick" else 60.0)
+    lp = args.lp_bound if args.lp_bound is not None else args.mode == "tick"
+    bar = tqdm(total=len(instances), desc=f"gap {args.mode}", unit="inst", file=sys.stderr,
+               disable=args.no_progress)
+    run = tick_gap_rows if args.mode == "tick" else clairvoyant_gap_rows
+    try:
+        rows = run(instances, policies=policies, solver=solver, time_limit_s=time_limit,
+                   gap_rel=args.gap_rel, threads=args.threads, seed=args.seed, lp_bound=lp,
+                   progress=bar.update)
+    finally:
+        bar.close()
+
+    if not args.quiet:
+        _print_instances(rows, policies, "optimum" if args.mode == "tick" else "best")
+    print(f"\nsummary ({args.mode}, objective {rows[0]['objective']}, solver {solver}, "
+          f"{len(instances)} instances; gap = relative to the "
+          f"{'optimum' if args.mode == 'tick' else 'best clairvoyant schedule'})")
+    cols = ["policy", "instances", "proven", "mean_rel_gap", "median_rel_gap", "worst_rel_gap",
+            "share_optimal", "mean_abs_gap", "worst_abs_gap", "mean_solve_s", "violations"]
+    if args.mode == "tick":
+        cols[-1:-1] = ["mean_capacity_gap", "worst_capacity_gap"]
+    print("  ".join(f"{c:>14}" for c in cols))
+    for s in summarize(rows):
+        print("  ".join(f"{_fmt(s[c]) if not isinstance(s[c], str) else s[c]:>14}" for c in cols))
+    if args.csv:
+        with open(args.csv, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"wrote {len(rows)} rows to {args.csv}")
+    return 0
+
+
+def _print_instances(rows: list[dict], policies: list[str], label: str) -> None:
+    head = ["instance", label, "bound", "status", "solve_s", *policies]
+    print("  ".join(f"{h:>14}" for h in head) + "   (policy value [relative gap])")
+    by_instance: dict[str, list[dict]] = {}
+    for r in rows:
+        by_instance.setdefault(r["instance"], []).append(r)
+    for name, group in by_instance.items():
+        r0 = group[0]
+        cells = [name[-14:], _fmt(r0["optimum"]), _fmt(r0["bound"]), r0["status"],
+                 f"{r0['solve_s']:.3f}"]
+        cells += [f"{_fmt(r['heuristic'])} [{100 * r['rel_gap']:.1f}%]" for r in group]
+        print("  ".join(f"{c:>14}" for c in cells))

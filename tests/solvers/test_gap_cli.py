@@ -1,0 +1,58 @@
+"""``balanceroute gap`` end to end on small inputs, and the gap helpers."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+from balanceroute.solvers.factories import random_tick_instance
+from balanceroute.solvers.gap import heuristic_gap, summarize, tick_gap_rows
+
+from balanceroute.cli import main
+
+
+def test_heuristic_gap_signs() -> None:
+    assert heuristic_gap(8.0, 10.0, "max") == pytest.approx(0.2)
+    assert heuristic_gap(12.0, 10.0, "min") == pytest.approx(0.2)
+    assert heuristic_gap(0.5, 0.0, "min") == pytest.approx(0.5)  # normalised by max(|r|, 1)
+
+
+def test_tick_rows_never_beat_optimum() -> None:
+    rng = np.random.default_rng(0)
+    insts = [random_tick_instance(rng, num_replicas=3, pool_size=8) for _ in range(6)]
+    rows = tick_gap_rows(insts, policies=["br0", "least_load"], lp_bound=True)
+    assert all(not r["beats_optimum"] and r["rel_gap"] >= -1e-12 for r in rows)
+    assert all(r["lp_bound"] >= r["optimum"] - 1e-6 for r in rows)
+    summary = {s["policy"]: s for s in summarize(rows)}
+    assert summary["br0"]["instances"] == 6 and summary["br0"]["violations"] == 0
+
+
+def test_cli_tick_random_with_csv_and_roundtrip(tmp_path, capsys) -> None:
+    out = tmp_path / "gaps.csv"
+    saved = tmp_path / "inst"
+    assert main(["gap", "--instances", "3", "--replicas", "3", "--pool", "6", "--csv", str(out),
+                 "--save", str(saved), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "summary (tick" in text and "br0" in text
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 3 * 6  # br0 + five baselines
+    files = sorted(saved.glob("*.json"))
+    assert len(files) == 3
+    assert main(["gap", "--load", *map(str, files), "--policies", "br0", "--no-progress",
+                 "--quiet"]) == 0
+    assert "summary (tick" in capsys.readouterr().out
+
+
+def test_cli_clairvoyant_random(capsys) -> None:
+    assert main(["gap", "--mode", "clairvoyant", "--instances", "1", "--requests", "5",
+                 "--replicas", "2", "--slots", "2", "--policies", "br0,least_load",
+                 "--time-limit", "20", "--no-progress", "--lp-bound"]) == 0
+    assert "summary (clairvoyant" in capsys.readouterr().out
+
+
+def test_cli_user_errors(capsys) -> None:
+    assert main(["gap", "--policies", "nope", "--no-progress"]) == 2
+    assert "unknown policy" in capsys.readouterr().err
+    assert main(["gap", "--solver", "clairvoyant-cpsat", "--no-progress"]) == 2
+    assert "does not solve tick" in capsys.readouterr().err

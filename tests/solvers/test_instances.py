@@ -1,0 +1,71 @@
+"""Instance validation and JSON round trips."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from balanceroute.solvers import ClairvoyantInstance, TickInstance, load_instance, save_instance
+from balanceroute.solvers.factories import tiny_clairvoyant_instance, tiny_tick_instance
+
+
+def test_tick_roundtrip(tmp_path, rng) -> None:
+    inst = tiny_tick_instance(rng)
+    path = tmp_path / "t.json"
+    save_instance(inst, path)
+    back = load_instance(path)
+    assert isinstance(back, TickInstance)
+    assert np.array_equal(back.proj_loads, inst.proj_loads)
+    assert np.array_equal(back.prompt_len, inst.prompt_len)
+    assert back.beta == inst.beta and back.objective == inst.objective
+
+
+def test_clairvoyant_roundtrip(tmp_path, rng) -> None:
+    inst = tiny_clairvoyant_instance(rng)
+    path = tmp_path / "c.json"
+    save_instance(inst, path)
+    back = load_instance(path)
+    assert isinstance(back, ClairvoyantInstance)
+    assert np.array_equal(back.release, inst.release) and back.slots == inst.slots
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"free_slots": [1, 1, 1]}, "free_slots has shape"),
+        ({"prompt_len": [0, 3]}, "prompt_len must be >= 1"),
+        ({"prompt_len": [1.5, 3]}, "integers"),
+        ({"count": 5}, "count=5 is infeasible"),
+        ({"d": [0.0]}, "discounts"),
+        ({"objective": "makespan"}, "objective="),
+    ],
+)
+def test_tick_validation(kwargs, match) -> None:
+    base = {"proj_loads": [[3.0], [1.0]], "free_slots": [1, 1], "prompt_len": [2, 3]}
+    with pytest.raises(ValueError, match=match):
+        TickInstance(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"output_len": [1]}, "output_len has shape"),
+        ({"release": [-1, 0]}, "release must be >= 0"),
+        ({"horizon": 2}, "cannot finish within horizon"),
+        ({"horizon": 4, "slots": 1, "num_replicas": 1}, "infeasible"),
+        ({"step": 0}, "step="),
+    ],
+)
+def test_clairvoyant_validation(kwargs, match) -> None:
+    base = {"num_replicas": 2, "slots": 1, "prompt_len": [2, 3], "output_len": [3, 3]}
+    with pytest.raises(ValueError, match=match):
+        ClairvoyantInstance(**{**base, **kwargs})
+
+
+def test_load_rejects_unknown_fields(tmp_path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text('{"kind": "tick", "proj_loads": [[1]], "free_slots": [1], "prompt_len": [1], "x": 1}')
+    with pytest.raises(ValueError, match="unknown tick instance field"):
+        load_instance(path)
+    path.write_text('{"kind": "nope"}')
+    with pytest.raises(ValueError, match="'kind'"):
+        load_instance(path)

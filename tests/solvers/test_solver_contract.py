@@ -1,0 +1,107 @@
+"""The shared suite every registered solver inherits (in the spirit of PuLP's BaseSolverTest):
+one subclass per registered name, generated below, so a new solver is tested by registering it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from balanceroute.solvers import (
+    SOLVERS,
+    ClairvoyantInstance,
+    Solution,
+    TickInstance,
+    get_solver,
+    solver_names,
+)
+from balanceroute.solvers.base import modules_available
+from balanceroute.solvers.factories import tiny_clairvoyant_instance, tiny_tick_instance
+
+
+class BaseSolverTest:
+    """Properties every solver must have, whatever its backend."""
+
+    solver_name: str = ""
+
+    @pytest.fixture
+    def solver(self):
+        if not SOLVERS[self.solver_name].is_available():
+            pytest.skip(f"{self.solver_name}: backend not installed")
+        return get_solver(self.solver_name)
+
+    def instance(self, seed: int):
+        rng = np.random.default_rng(seed)
+        if SOLVERS[self.solver_name].problem == "tick":
+            return tiny_tick_instance(rng)
+        return tiny_clairvoyant_instance(rng)
+
+    def test_returns_solution_with_exact_objective(self, solver) -> None:
+        inst = self.instance(1)
+        sol = solver.solve(inst, time_limit_s=20)
+        assert isinstance(sol, Solution)
+        assert sol.solver == self.solver_name
+        assert sol.status == "optimal"
+        assert math.isfinite(sol.objective) and sol.gap == pytest.approx(0.0, abs=1e-9)
+        assert sol.wall_s >= 0
+
+    def test_bound_on_the_right_side(self, solver) -> None:
+        for seed in range(3):
+            sol = solver.solve(self.instance(seed), time_limit_s=20)
+            if sol.sense == "max":
+                assert sol.bound >= sol.objective - 1e-6
+            else:
+                assert sol.bound <= sol.objective + 1e-6
+
+    def test_rejects_wrong_instance_type(self, solver) -> None:
+        other = (ClairvoyantInstance(num_replicas=1, slots=1, prompt_len=[1], output_len=[1])
+                 if solver.problem == "tick" else TickInstance.br0([1], [1], [1]))
+        with pytest.raises(ValueError):
+            solver.solve(other)
+
+    def test_rejects_bad_arguments(self, solver) -> None:
+        inst = self.instance(0)
+        with pytest.raises(ValueError, match="time_limit_s"):
+            solver.solve(inst, time_limit_s=0)
+        with pytest.raises(ValueError, match="gap_rel"):
+            solver.solve(inst, gap_rel=-0.1)
+        with pytest.raises(ValueError, match="threads"):
+            solver.solve(inst, threads=0)
+
+    def test_deterministic(self, solver) -> None:
+        inst = self.instance(4)
+        a = solver.solve(inst, seed=3)
+        b = solver.solve(inst, seed=3)
+        assert a.objective == b.objective
+
+
+for _name in SOLVERS:
+    _cls = type(f"Test_{_name.replace('-', '_')}", (BaseSolverTest,), {"solver_name": _name})
+    globals()[_cls.__name__] = _cls
+del _name, _cls
+
+
+def test_get_solver_lists_valid_names() -> None:
+    with pytest.raises(ValueError, match="valid: .*tick-cpsat"):
+        get_solver("gurobi")
+
+
+def test_is_available_does_not_import(monkeypatch) -> None:
+    import sys
+
+    monkeypatch.delitem(sys.modules, "ortools.sat.python.cp_model", raising=False)
+    assert SOLVERS["tick-cpsat"].is_available()
+    assert "ortools.sat.python.cp_model" not in sys.modules
+    assert not modules_available("no_such_backend_module")
+
+
+def test_registry_covers_both_problems() -> None:
+    assert {"tick-cbc", "tick-highs", "tick-cpsat", "tick-brute"} <= set(solver_names("tick"))
+    assert {"clairvoyant-cpsat", "clairvoyant-cbc", "clairvoyant-highs"} <= set(
+        solver_names("clairvoyant"))
+
+
+def test_solution_serialisable_fields() -> None:
+    sol = get_solver("tick-brute").solve(TickInstance.br0([3, 1], [1, 1], [2]))
+    json.dumps({"objective": sol.objective, "bound": sol.bound, "replica": sol.replica.tolist()})
