@@ -1,0 +1,256 @@
+"""Subcommands ``serve`` (the proxy), ``emulate`` (an emulated PD cluster) and ``loadgen``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+from typing import Any
+
+__all__ = ["register"]
+
+
+def _param(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key.strip(), value
+
+
+def _slow(text: str) -> tuple[int, float]:
+    g, sep, factor = text.partition(":")
+    try:
+        return int(g), float(factor)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected REPLICA:FACTOR, e.g. 3:2.0") from None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``serve``, ``emulate`` and ``loadgen``."""
+    p = subparsers.add_parser(
+        "serve", help="run the BalanceRoute proxy in front of vLLM / vllm-ascend PD replicas",
+        description="OpenAI-compatible proxy: prefill, pool, the policy's scheduling tick, decode. "
+                    "Options override the config file (JSON, or TOML for other extensions).")
+    p.add_argument("--config", help="config file (.json or .toml); see docs/serving.md")
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="listen port (default 8000)")
+    p.add_argument("--kv-dialect", choices=("nixl", "mooncake", "none"),
+                   help="nixl: decode gets prefill's kv_transfer_params (vLLM NIXL, vllm-ascend "
+                        "Mooncake/LLMDataDist); mooncake: vLLM MooncakeConnector bootstrap; none: "
+                        "no prefill stage (colocated replicas)")
+    p.add_argument("--prefill", action="append", metavar="URL", help="a prefill server (repeat)")
+    p.add_argument("--decode", action="append", metavar="URL",
+                   help="a decode replica (repeat); with --dp-size each URL is a DP server")
+    p.add_argument("--dp-size", type=int, help="expand every --decode URL into this many DP ranks "
+                                               "(X-data-parallel-rank)")
+    p.add_argument("--slots", type=int, help="slots per decode replica B (vLLM max_num_seqs; default 64)")
+    p.add_argument("--policy", help="routing policy name (default br0)")
+    p.add_argument("--policy-param", action="append", type=_param, metavar="KEY=VALUE",
+                   help="policy parameter (value parsed as JSON when it can be), e.g. s_greedy=8")
+    p.add_argument("--prefill-balance", choices=("round_robin", "least_loaded"))
+    p.add_argument("--bootstrap-port", type=int, help="Mooncake bootstrap port on prefill hosts (8998)")
+    p.add_argument("--pool-capacity", type=int, help="max requests waiting for decode (429 beyond)")
+    p.add_argument("--kv-lease", type=float, dest="kv_lease_s", help="KV lease in seconds (30)")
+    p.add_argument("--tick-interval", type=float, dest="tick_interval_s", help="periodic tick (0.05 s)")
+    p.add_argument("--max-attempts", type=int, help="upstream attempts before 502 (3)")
+    p.add_argument("--health-interval", type=float, dest="health_interval_s",
+                   help="health probe period in seconds; 0 disables (2)")
+    p.add_argument("--admin-token-env", metavar="VAR",
+                   help="protect /status and /admin with the token in this environment variable")
+    p.add_argument("--served-model", action="append", dest="served_models", metavar="NAME",
+                   help="model names for /v1/models when no decode server answers")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(handler=_serve)
+
+    e = subparsers.add_parser(
+        "emulate", help="run an emulated PD cluster (prefill + G lock-step DP decode replicas)",
+        description="Emulated vLLM prefill and decode servers: tau = b + a*M per step, scaled by "
+                    "--time-scale; /metrics with vLLM names, /get_load, /stats, /fault.")
+    e.add_argument("--replicas", "-G", type=int, default=8, help="decode replicas G (default 8)")
+    e.add_argument("--slots", "-B", type=int, default=64, help="slots per replica (default 64)")
+    e.add_argument("--prefill", type=int, default=1, help="prefill instances (default 1)")
+    e.add_argument("--prefill-dp", type=int, default=1, help="DP ranks per prefill instance (Mooncake /query)")
+    e.add_argument("--layout", choices=("ports", "dp"), default="ports",
+                   help="ports: one server per replica; dp: one server, replicas as DP ranks")
+    e.add_argument("--host", default="127.0.0.1")
+    e.add_argument("--port", type=int, default=9000,
+                   help="first port: prefill servers, then decode (0: any free ports)")
+    e.add_argument("--time-scale", type=float, default=1.0,
+                   help="wall seconds per emulated second (0.1 = 10x faster)")
+    e.add_argument("--step-model", default="", help="tau = b + max_g(a*L_g + c*n_g), e.g. b=0.03,a=2e-7")
+    e.add_argument("--prefill-time", default="", help="prefill seconds = b + a*s, e.g. b=0.02,a=2e-5")
+    e.add_argument("--model", default="balanceroute-emulator", help="served model name")
+    e.add_argument("--output-workload", metavar="SPEC",
+                   help="draw output lengths from this workload when requests lack ignore_eos")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--kv-lease", type=float, default=30.0, help="prefill KV hold in seconds")
+    e.add_argument("--stamp-chunks", action="store_true", help="add emulator_ts to streamed chunks")
+    e.add_argument("--prefill-fail-rate", type=float, default=0.0)
+    e.add_argument("--decode-fail-rate", type=float, default=0.0)
+    e.add_argument("--stream-break-rate", type=float, default=0.0)
+    e.add_argument("--kill-replica", type=int, action="append", default=[], metavar="G")
+    e.add_argument("--slow-replica", type=_slow, action="append", default=[], metavar="G:FACTOR")
+    e.add_argument("--write-proxy-config", metavar="FILE",
+                   help="write a proxy config (JSON) for this emulator once it is up")
+    e.add_argument("--kv-dialect", choices=("nixl", "mooncake", "none"), default="nixl",
+                   help="dialect of the written proxy config")
+    e.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning")
+    e.set_defaults(handler=_emulate)
+
+    g = subparsers.add_parser(
+        "loadgen", help="replay a workload against an OpenAI endpoint and report TTFT/TPOT/throughput",
+        description="Open loop (trace arrival times, scaled) or closed loop (N clients); each request "
+                    "asks for exactly o_i tokens (max_tokens + ignore_eos).")
+    g.add_argument("--url", required=True, help="base URL of the endpoint (the proxy, or a peer router)")
+    g.add_argument("--api", choices=("completions", "chat"), default="completions")
+    g.add_argument("--model", default="balanceroute-emulator")
+    g.add_argument("--workload", default="servegen-r1", help="bundled name or trace file")
+    g.add_argument("--requests", type=int, default=1000)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-output", type=int, help="keep requests with output <= this")
+    g.add_argument("--clip-prompt", type=int, help="cap prompt lengths at this")
+    g.add_argument("--clip-output", type=int, help="cap output lengths at this")
+    g.add_argument("--mode", choices=("closed", "open"), default="closed")
+    g.add_argument("--concurrency", type=int, default=64, help="closed loop: concurrent clients")
+    g.add_argument("--rate-scale", type=float, default=1.0, help="open loop: arrival rate multiplier")
+    g.add_argument("--prompt-style", choices=("ids", "words"), default=None,
+                   help="ids: token-id prompts (completions); words: text (default for chat)")
+    g.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+    g.add_argument("--time-limit", type=float, help="stop sending after this many seconds")
+    g.add_argument("--emulator-stats", metavar="URL",
+                   help="an emulator's /stats URL: reset before, read after (imbalance, throughput)")
+    g.add_argument("--json", action="store_true", help="print the summary as JSON")
+    g.set_defaults(handler=_loadgen)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .config import ProxyConfig, load_config_file
+    from .proxy import create_proxy_app
+    from .runner import bind_socket, run_foreground, url_of
+
+    mapping: dict[str, Any] = load_config_file(args.config) if args.config else {}
+    for key in ("host", "port", "kv_dialect", "slots", "policy", "prefill_balance", "bootstrap_port",
+                "pool_capacity", "kv_lease_s", "tick_interval_s", "max_attempts", "health_interval_s",
+                "admin_token_env", "log_level"):
+        value = getattr(args, key)
+        if value is not None:
+            mapping[key] = value
+    if args.served_models:
+        mapping["served_models"] = args.served_models
+    if args.policy_param:
+        mapping["policy_params"] = {**mapping.get("policy_params", {}), **dict(args.policy_param)}
+    if args.prefill:
+        mapping["prefill"] = args.prefill
+    if args.decode:
+        mapping["decode"] = [{"url": u, "dp_size": args.dp_size} if args.dp_size else {"url": u}
+                             for u in args.decode]
+    elif args.dp_size:
+        raise ValueError("--dp-size needs --decode URL")
+    config = ProxyConfig.from_mapping(mapping)
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_proxy_app(config)
+    sock = bind_socket(config.host, config.port)
+
+    def started() -> None:
+        print(f"balanceroute serve: {url_of(sock)}  policy={config.policy}  G={config.num_replicas}  "
+              f"dialect={config.kv_dialect}  prefill={len(config.prefill)}", file=sys.stderr, flush=True)
+
+    run_foreground([(app, sock)], started=started, log_level=config.log_level)
+    return 0
+
+
+def _step_model(text: str):
+    from balanceroute.core.simulator import StepModel
+
+    return StepModel.parse(text)
+
+
+def _prefill_time(text: str) -> tuple[float, float]:
+    values = {"b": 0.02, "a": 2e-5}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, raw = part.partition("=")
+        if not sep or key.strip() not in values:
+            raise ValueError(f"--prefill-time {part!r}: expected a=... or b=...")
+        try:
+            values[key.strip()] = float(raw)
+        except ValueError:
+            raise ValueError(f"--prefill-time {part!r}: {raw!r} is not a number") from None
+    return values["b"], values["a"]
+
+
+def _emulate(args: argparse.Namespace) -> int:
+    from .emulator import EmulatedCluster, EmulatorConfig
+    from .runner import emulator_apps, emulator_proxy_mapping, run_foreground
+
+    lengths = None
+    if args.output_workload:
+        from balanceroute.core.workloads import load_workload
+
+        lengths = load_workload(args.output_workload, seed=args.seed).output_len.astype("int64")
+    prefill_b, prefill_a = _prefill_time(args.prefill_time)
+    config = EmulatorConfig(
+        num_replicas=args.replicas, slots=args.slots, num_prefill=args.prefill, prefill_dp=args.prefill_dp,
+        layout=args.layout, step_model=_step_model(args.step_model), prefill_b=prefill_b,
+        prefill_a=prefill_a, time_scale=args.time_scale, model=args.model, output_lengths=lengths,
+        seed=args.seed, kv_lease_s=args.kv_lease, stamp_chunks=args.stamp_chunks,
+        prefill_fail_rate=args.prefill_fail_rate, decode_fail_rate=args.decode_fail_rate,
+        stream_break_rate=args.stream_break_rate, killed=tuple(args.kill_replica),
+        slow=tuple(args.slow_replica),
+    )
+    cluster = EmulatedCluster(config)
+    apps, prefill_urls, decode_urls = emulator_apps(cluster, host=args.host, base_port=args.port)
+    mapping = emulator_proxy_mapping(config, prefill_urls, decode_urls, kv_dialect=args.kv_dialect)
+
+    async def on_start() -> None:
+        cluster.start()
+
+    def started() -> None:
+        print(f"balanceroute emulate: G={config.num_replicas} B={config.slots} layout={config.layout} "
+              f"time_scale={config.time_scale}", file=sys.stderr)
+        for u in prefill_urls:
+            print(f"  prefill {u}", file=sys.stderr)
+        for u in decode_urls:
+            print(f"  decode  {u}", file=sys.stderr)
+        print(f"  stats   {(decode_urls or prefill_urls)[0]}/stats", file=sys.stderr, flush=True)
+        if args.write_proxy_config:
+            tmp = args.write_proxy_config + ".tmp"
+            with open(tmp, "w") as fh:
+                json.dump(mapping, fh, indent=2)
+            os.replace(tmp, args.write_proxy_config)
+
+    run_foreground(apps, on_start=on_start, on_stop=cluster.stop, started=started, log_level=args.log_level)
+    return 0
+
+
+def _loadgen(args: argparse.Namespace) -> int:
+    from balanceroute.core.workloads import load_workload
+
+    from .loadgen import LoadgenConfig, run_load_sync
+
+    if args.requests < 1:
+        raise ValueError(f"--requests must be >= 1, got {args.requests}")
+    workload = load_workload(args.workload, requests=args.requests, seed=args.seed,
+                             max_output=args.max_output, clip_prompt=args.clip_prompt,
+                             clip_output=args.clip_output)
+    style = args.prompt_style or ("words" if args.api == "chat" else "ids")
+    config = LoadgenConfig(url=args.url.rstrip("/"), api=args.api, model=args.model, mode=args.mode,
+                           concurrency=args.concurrency, rate_scale=args.rate_scale, prompt_style=style,
+                           timeout_s=args.timeout, time_limit_s=args.time_limit,
+                           emulator_stats=args.emulator_stats)
+    summary, _ = run_load_sync(workload, config)
+    summary = {"workload": workload.name, **summary}
+    if args.json:
+        print(json.dumps(summary, indent=2, default=lambda v: None))
+    else:
+        for key, value in summary.items():
+            if isinstance(value, float):
+                value = "nan" if math.isnan(value) else f"{value:.4g}"
+            print(f"{key:>24}: {value}")
+    return 0 if summary["ok"] else 1

@@ -1,0 +1,272 @@
+"""Configuration of the proxy (``balanceroute serve``): frozen dataclasses read from JSON/TOML.
+
+A config file is a mapping with the fields of :class:`ProxyConfig`; ``prefill`` and ``decode``
+are lists of tables. A decode entry is one replica (``{"url": ..., "dp_rank": 3}``), or a whole
+data-parallel server expanded into its ranks (``{"url": ..., "dp_size": 8}``: replicas
+``dp_rank = 0..7`` reached through the ``X-data-parallel-rank`` header).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+__all__ = [
+    "DecodeReplica",
+    "PrefillEndpoint",
+    "ProxyConfig",
+    "load_config_file",
+]
+
+KvDialect = Literal["nixl", "mooncake", "none"]
+PrefillBalance = Literal["round_robin", "least_loaded"]
+
+
+def _check_url(url: str, what: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{what} url={url!r} must be an http(s)://host[:port] URL")
+    return url.rstrip("/")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrefillEndpoint:
+    """One prefill server. ``bootstrap_addr`` (Mooncake dialect only) is its bootstrap server,
+    ``http://<host>:<bootstrap_port>`` by default; ``dp_size`` is learnt from its ``/query``."""
+
+    url: str
+    bootstrap_addr: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "url", _check_url(self.url, "prefill"))
+        if self.bootstrap_addr is not None:
+            object.__setattr__(self, "bootstrap_addr", _check_url(self.bootstrap_addr, "bootstrap"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecodeReplica:
+    """One DP decode replica g: its own server (``dp_rank=None``) or rank ``dp_rank`` of a DP
+    server addressed with the ``X-data-parallel-rank`` header. ``slots`` is B_g (vLLM
+    ``max_num_seqs``); ``None`` takes :attr:`ProxyConfig.slots`."""
+
+    url: str
+    dp_rank: int | None = None
+    slots: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "url", _check_url(self.url, "decode"))
+        if self.dp_rank is not None and self.dp_rank < 0:
+            raise ValueError(f"{self.dp_rank=} must be >= 0")
+        if self.slots is not None and self.slots < 1:
+            raise ValueError(f"{self.slots=} must be >= 1")
+
+    @property
+    def label(self) -> str:
+        """``url`` or ``url#rank``: how metrics and status name the replica."""
+        return self.url if self.dp_rank is None else f"{self.url}#{self.dp_rank}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProxyConfig:
+    """The BalanceRoute proxy.
+
+    ``kv_dialect``: how KV moves from prefill to decode — ``"nixl"`` (decode gets the
+    ``kv_transfer_params`` prefill returned: vLLM's NixlConnector and vllm-ascend's
+    MooncakeConnector/LLMDataDist), ``"mooncake"`` (vLLM's MooncakeConnector: the proxy sends
+    ``transfer_id`` to both sides and gives decode ``remote_bootstrap_addr`` and the prefill
+    DP rank's ``remote_engine_id`` from the bootstrap server's ``/query``) or ``"none"``
+    (colocated replicas, no prefill stage; s_i is estimated and corrected from decode's usage).
+
+    Pool and leases: at most ``pool_capacity`` accepted requests wait for a decode slot
+    (prefilling or pooled) — beyond that, 429. A pooled request whose KV lease
+    (``kv_lease_s`` after prefill answered) expires fails with 503; the policy's ``deadline_s``
+    defaults to ``kv_lease_s − lease_margin_s`` so such requests are dispatched first.
+    The tick runs on every pool arrival and slot release and every ``tick_interval_s``.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    kv_dialect: KvDialect = "nixl"
+    prefill: tuple[PrefillEndpoint, ...] = ()
+    decode: tuple[DecodeReplica, ...] = ()
+    slots: int = 64
+    policy: str = "br0"
+    policy_params: Mapping[str, Any] = field(default_factory=dict)
+    prefill_balance: PrefillBalance = "round_robin"
+    bootstrap_port: int = 8998
+    pool_capacity: int = 256
+    kv_lease_s: float = 30.0
+    lease_margin_s: float = 5.0
+    tick_interval_s: float = 0.05
+    max_attempts: int = 3
+    connect_timeout_s: float = 5.0
+    prefill_timeout_s: float = 600.0
+    decode_read_timeout_s: float = 300.0
+    health_interval_s: float = 2.0
+    health_timeout_s: float = 2.0
+    max_body_bytes: int = 16 * 1024 * 1024
+    retry_after_s: int = 1
+    admin_token_env: str | None = None
+    upstream_api_key_env: str | None = "OPENAI_API_KEY"
+    served_models: tuple[str, ...] = ()
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.kv_dialect not in ("nixl", "mooncake", "none"):
+            raise ValueError(f"{self.kv_dialect=} must be 'nixl', 'mooncake' or 'none'")
+        if self.prefill_balance not in ("round_robin", "least_loaded"):
+            raise ValueError(f"{self.prefill_balance=} must be 'round_robin' or 'least_loaded'")
+        if not self.decode:
+            raise ValueError("decode must list at least one replica")
+        if self.kv_dialect != "none" and not self.prefill:
+            raise ValueError(f"kv_dialect={self.kv_dialect!r} needs at least one prefill instance")
+        keys = [(d.url, d.dp_rank) for d in self.decode]
+        if len(set(keys)) != len(keys):
+            raise ValueError("decode lists the same replica (url, dp_rank) twice")
+        if len({p.url for p in self.prefill}) != len(self.prefill):
+            raise ValueError("prefill lists the same url twice")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"{self.port=} must be in 0..65535")
+        if self.slots < 1:
+            raise ValueError(f"{self.slots=} must be >= 1")
+        if self.pool_capacity < 1:
+            raise ValueError(f"{self.pool_capacity=} must be >= 1")
+        if not self.kv_lease_s > 0:
+            raise ValueError(f"{self.kv_lease_s=} must be > 0")
+        if not 0 <= self.lease_margin_s < self.kv_lease_s:
+            raise ValueError(f"{self.lease_margin_s=} must be in [0, kv_lease_s)")
+        if not self.tick_interval_s > 0:
+            raise ValueError(f"{self.tick_interval_s=} must be > 0")
+        if self.max_attempts < 1:
+            raise ValueError(f"{self.max_attempts=} must be >= 1")
+        for name in ("connect_timeout_s", "prefill_timeout_s", "decode_read_timeout_s",
+                     "health_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
+        if self.health_interval_s < 0 or math.isnan(self.health_interval_s):
+            raise ValueError(f"{self.health_interval_s=} must be >= 0 (0 disables probing)")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"{self.max_body_bytes=} must be >= 1024")
+        if self.retry_after_s < 0:
+            raise ValueError(f"{self.retry_after_s=} must be >= 0")
+        if not 1 <= self.bootstrap_port <= 65535:
+            raise ValueError(f"{self.bootstrap_port=} must be in 1..65535")
+
+    @property
+    def num_replicas(self) -> int:
+        """G."""
+        return len(self.decode)
+
+    def replica_slots(self) -> list[int]:
+        """B_g for every replica."""
+        return [d.slots if d.slots is not None else self.slots for d in self.decode]
+
+    def bootstrap_addr(self, index: int) -> str:
+        """The Mooncake bootstrap server of prefill instance ``index``."""
+        p = self.prefill[index]
+        if p.bootstrap_addr is not None:
+            return p.bootstrap_addr
+        host = urlsplit(p.url).hostname or "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.bootstrap_port}"
+
+    def admin_token(self) -> str | None:
+        """The admin token (from the environment variable ``admin_token_env``), if any."""
+        if not self.admin_token_env:
+            return None
+        return os.environ.get(self.admin_token_env) or None
+
+    def upstream_api_key(self) -> str | None:
+        """The bearer token sent upstream (from ``upstream_api_key_env``), if set."""
+        if not self.upstream_api_key_env:
+            return None
+        return os.environ.get(self.upstream_api_key_env) or None
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> ProxyConfig:
+        """Build from a parsed config file; unknown keys are an error."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+        values = dict(data)
+        if "prefill" in values:
+            values["prefill"] = tuple(_prefill_entry(p) for p in _as_list(values["prefill"], "prefill"))
+        if "decode" in values:
+            values["decode"] = tuple(
+                d for entry in _as_list(values["decode"], "decode") for d in _decode_entries(entry)
+            )
+        if "served_models" in values:
+            values["served_models"] = tuple(_as_list(values["served_models"], "served_models"))
+        if "policy_params" in values and not isinstance(values["policy_params"], Mapping):
+            raise ValueError("policy_params must be a table/object")
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise ValueError(f"config: {exc}") from None
+
+
+def _as_list(value: Any, what: str) -> list:
+    if isinstance(value, (str, Mapping)):
+        return [value]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{what} must be a list")
+    return list(value)
+
+
+def _prefill_entry(entry: Any) -> PrefillEndpoint:
+    if isinstance(entry, str):
+        return PrefillEndpoint(url=entry)
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"prefill entry {entry!r} must be a URL or a table")
+    try:
+        return PrefillEndpoint(**entry)
+    except TypeError as exc:
+        raise ValueError(f"prefill entry {dict(entry)!r}: {exc}") from None
+
+
+def _decode_entries(entry: Any) -> list[DecodeReplica]:
+    if isinstance(entry, str):
+        return [DecodeReplica(url=entry)]
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"decode entry {entry!r} must be a URL or a table")
+    values = dict(entry)
+    dp_size = values.pop("dp_size", None)
+    try:
+        if dp_size is None:
+            return [DecodeReplica(**values)]
+        if not isinstance(dp_size, int) or dp_size < 1 or "dp_rank" in values:
+            raise ValueError(f"decode entry {entry!r}: dp_size must be an int >= 1, without dp_rank")
+        start = values.pop("dp_rank_start", 0)
+        return [DecodeReplica(dp_rank=start + r, **values) for r in range(dp_size)]
+    except TypeError as exc:
+        raise ValueError(f"decode entry {dict(entry)!r}: {exc}") from None
+
+
+def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Parse a JSON (``.json``) or TOML (anything else) config file into a mapping."""
+    text_path = os.fspath(path)
+    with open(text_path, "rb") as fh:
+        raw = fh.read()
+    if text_path.endswith(".json"):
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{text_path}: invalid JSON: {exc}") from None
+    else:
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib  # type: ignore[no-redef]
+        try:
+            data = tomllib.loads(raw.decode())
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{text_path}: invalid TOML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{text_path}: the top level must be a table/object")
+    return data

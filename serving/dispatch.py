@@ -1,0 +1,137 @@
+"""The scheduling loop: runs the policy's tick on pool arrivals, slot releases and a timer.
+
+The tick is synchronous numpy (build state → ``policy.assign`` → apply) and runs inline on the
+event loop; its duration is recorded so ``/status`` and ``/metrics`` show that it stays far
+below a decode step. Requests wait for their replica on an ``asyncio.Future`` the tick resolves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import numpy as np
+from balanceroute.core.policies.base import Policy
+
+from .ledger import Ledger, Ticket
+
+__all__ = ["Dispatcher", "LeaseExpired"]
+
+
+class LeaseExpired(Exception):
+    """A pooled request waited longer than its KV lease: prefill has freed its KV cache."""
+
+
+class Dispatcher:
+    """Owns the :class:`Ledger` updates that need waking the tick, and the tick loop.
+
+    ``on_tick(seconds, placed)`` is called after every tick that invoked the policy.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        policy: Policy,
+        *,
+        tick_interval_s: float,
+        on_tick: Callable[[float, int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ledger = ledger
+        self.policy = policy
+        self.tick_interval_s = tick_interval_s
+        self.on_tick = on_tick
+        self.clock = clock
+        self.tick_seconds = np.zeros(4096)
+        self.ticks = 0
+        self.imbalance_sum = 0.0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Start the tick loop on the running event loop."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="balanceroute-tick")
+
+    async def stop(self) -> None:
+        """Stop the tick loop."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def wake(self) -> None:
+        """Ask for a tick at the next turn of the event loop (arrivals in the same turn are
+        handled by one tick)."""
+        self._wake.set()
+
+    async def wait_for_slot(self, ticket: Ticket, prompt_len: int | None, lease_s: float) -> int:
+        """Pool ``ticket`` (newly prefilled with s_i = ``prompt_len``, or ``None`` for a ticket
+        that :meth:`Ledger.requeue` already put back) and wait for the replica a tick gives it.
+
+        Raises :class:`LeaseExpired` when the lease ends first.
+        """
+        ticket.future = asyncio.get_running_loop().create_future()
+        if prompt_len is not None:
+            self.ledger.enqueue(ticket, prompt_len, self.clock(), lease_s)
+        self.wake()
+        return await ticket.future
+
+    def finish(self, ticket: Ticket, outcome: str) -> bool:
+        """End ``ticket`` (exactly once; see :meth:`Ledger.finish`) and wake the tick."""
+        if not self.ledger.finish(ticket, outcome):
+            return False
+        if ticket.future is not None and not ticket.future.done():
+            ticket.future.cancel()
+        self.wake()
+        return True
+
+    def tick(self) -> int:
+        """Expire leases, then run one policy tick and resolve the placed tickets' futures."""
+        now = self.clock()
+        for ticket in self.ledger.expire(now):
+            if ticket.future is not None and not ticket.future.done():
+                ticket.future.set_exception(LeaseExpired(
+                    f"request {ticket.request_id} waited {now - ticket.joined:.1f} s for a decode "
+                    "slot, past its KV lease; prefill has freed its KV cache"))
+        t0 = time.perf_counter()
+        inputs = self.ledger.build_tick(now)
+        if inputs is None:
+            return 0
+        state, view = inputs
+        placed = self.ledger.apply(state, view, self.policy.assign(state, view))
+        seconds = time.perf_counter() - t0
+        self.tick_seconds[self.ticks % self.tick_seconds.shape[0]] = seconds
+        self.ticks += 1
+        self.imbalance_sum += self.ledger.imbalance()
+        for ticket in placed:
+            if ticket.future is not None and not ticket.future.done():
+                ticket.future.set_result(ticket.replica)
+        if self.on_tick is not None:
+            self.on_tick(seconds, len(placed))
+        return len(placed)
+
+    def tick_stats(self) -> dict[str, float]:
+        """Tick count and P50/P99/max duration in microseconds over the last 4096 ticks."""
+        n = min(self.ticks, self.tick_seconds.shape[0])
+        if n == 0:
+            return {"count": 0, "p50_us": 0.0, "p99_us": 0.0, "max_us": 0.0}
+        window = self.tick_seconds[:n] * 1e6
+        p50, p99 = np.percentile(window, [50, 99])
+        return {"count": self.ticks, "p50_us": float(p50), "p99_us": float(p99),
+                "max_us": float(window.max())}
+
+    async def _run(self) -> None:
+        # No asyncio.wait_for here: on Python < 3.12 it can swallow a cancellation that races
+        # with the event being set, and the loop would never stop.
+        loop = asyncio.get_running_loop()
+        while True:
+            timer = loop.call_later(self.tick_interval_s, self._wake.set)
+            try:
+                await self._wake.wait()
+            finally:
+                timer.cancel()
+            self._wake.clear()
+            self.tick()

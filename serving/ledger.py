@@ -1,0 +1,250 @@
+"""The proxy's bookkeeping: which request is where, and the loads that follow from it.
+
+A request accepted by the proxy is a :class:`Ticket` that moves through
+``admitted`` (prefilling) → ``pooled`` (waiting for a decode slot) → ``active`` (bound to a
+replica for life) → ``done``; ``requeue`` sends an active ticket whose decode failed before its
+first token back to the pool. The ledger keeps per replica g the KV load
+``L_g = Σ_{i on g} (s_i + a_i)`` (a_i from decode's ``usage.completion_tokens``), the running
+count n_g and a (G, B) slot table, builds the policy's :class:`ClusterState` and
+:class:`PoolView` from them each tick and applies the returned :class:`Assignment`.
+
+Invariant: ``finish`` counts each ticket once, and when no ticket is active every load, running
+count and slot is back to zero. No I/O and no asyncio here: :mod:`.dispatch` drives it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from balanceroute.core.policies.base import Policy
+from balanceroute.core.state import Assignment, ClusterState, PoolView, validate_assignment
+
+__all__ = ["Ledger", "NoReplica", "PoolFull", "Ticket"]
+
+
+class PoolFull(Exception):
+    """The pool (prefilling + pooled requests) is at capacity."""
+
+
+class NoReplica(Exception):
+    """No decode replica is in service."""
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    """One accepted request as the proxy tracks it (``rid`` is the id the policy sees)."""
+
+    rid: int
+    request_id: str
+    state: str = "admitted"
+    prompt_len: int = 0
+    joined: float = 0.0
+    lease_deadline: float = float("inf")
+    replica: int = -1
+    slot: int = -1
+    age: int = 0
+    decode_attempts: int = 0
+    outcome: str = ""
+    future: Any = None
+    endpoint: str = ""
+    created: float = 0.0
+    first_token: bool = False
+    prompt_checked: bool = False
+
+
+class Ledger:
+    """Loads, slots and pool of G decode replicas with ``slots[g]`` = B_g each."""
+
+    def __init__(self, slots: Sequence[int], *, pool_capacity: int) -> None:
+        if not slots or min(slots) < 1:
+            raise ValueError("every replica needs at least one slot")
+        g_count = len(slots)
+        self.capacity = np.asarray(slots, dtype=np.int64)
+        self.pool_capacity = pool_capacity
+        width = int(self.capacity.max())
+        self.slot_rid = np.full((g_count, width), -1, dtype=np.int64)
+        self.slot_prompt = np.zeros((g_count, width), dtype=np.int64)
+        self.slot_age = np.zeros((g_count, width), dtype=np.int64)
+        self.loads = np.zeros(g_count, dtype=np.int64)
+        self.num_active = np.zeros(g_count, dtype=np.int64)
+        self.available = np.ones(g_count, dtype=bool)
+        self.pool: list[Ticket] = []
+        self.prefilling = 0
+        self.accepted = 0
+        self.finished: Counter[str] = Counter()
+        self.tickets: dict[int, Ticket] = {}
+        self.step = 0
+        self._next_rid = 0
+
+    # ------------------------------------------------------------------ views
+    @property
+    def num_replicas(self) -> int:
+        """G."""
+        return int(self.capacity.shape[0])
+
+    @property
+    def in_flight(self) -> int:
+        """Accepted requests that have not ended."""
+        return len(self.tickets)
+
+    def free_slots(self) -> np.ndarray:
+        """B_g − n_g for replicas in service, 0 for those out of service."""
+        return np.where(self.available, self.capacity - self.num_active, 0)
+
+    def imbalance(self) -> int:
+        """I = G·M − Σ_g L_g on the current loads."""
+        return int(self.num_replicas * self.loads.max() - self.loads.sum())
+
+    # ------------------------------------------------------------ transitions
+    def admit(self, request_id: str, *, endpoint: str = "", now: float = 0.0) -> Ticket:
+        """Accept a new request (state ``admitted``); raises :class:`PoolFull` or
+        :class:`NoReplica`."""
+        if not self.available.any():
+            raise NoReplica("no decode replica is in service")
+        if self.prefilling + len(self.pool) >= self.pool_capacity:
+            raise PoolFull(f"{self.prefilling + len(self.pool)} requests are already waiting")
+        ticket = Ticket(rid=self._next_rid, request_id=request_id, endpoint=endpoint, created=now)
+        self._next_rid += 1
+        self.tickets[ticket.rid] = ticket
+        self.prefilling += 1
+        self.accepted += 1
+        return ticket
+
+    def enqueue(self, ticket: Ticket, prompt_len: int, now: float, lease_s: float) -> None:
+        """Prefill answered: ``ticket`` joins the pool with s_i = ``prompt_len`` and a KV lease
+        ending ``lease_s`` from ``now``."""
+        if ticket.state != "admitted":
+            raise ValueError(f"ticket {ticket.rid} is {ticket.state}, not admitted")
+        self.prefilling -= 1
+        ticket.state = "pooled"
+        ticket.prompt_len = max(1, int(prompt_len))
+        ticket.joined = now
+        ticket.lease_deadline = now + lease_s
+        self.pool.append(ticket)
+
+    def requeue(self, ticket: Ticket) -> None:
+        """Decode failed before the first token: free the slot and put the ticket back in the
+        pool at its original place (it keeps its wait time and lease)."""
+        if ticket.state != "active":
+            raise ValueError(f"ticket {ticket.rid} is {ticket.state}, not active")
+        self._release(ticket)
+        ticket.state = "pooled"
+        at = next((j for j, t in enumerate(self.pool) if t.joined > ticket.joined), len(self.pool))
+        self.pool.insert(at, ticket)
+
+    def progress(self, ticket: Ticket, completion_tokens: int) -> None:
+        """Decode reported a_i = ``completion_tokens``: L_g grows by the new tokens."""
+        if ticket.state != "active" or completion_tokens <= ticket.age:
+            return
+        grown = int(completion_tokens) - ticket.age
+        ticket.age = int(completion_tokens)
+        self.slot_age[ticket.replica, ticket.slot] = ticket.age
+        self.loads[ticket.replica] += grown
+
+    def set_prompt(self, ticket: Ticket, prompt_len: int) -> None:
+        """Replace an estimated s_i by the value decode reported."""
+        prompt_len = max(1, int(prompt_len))
+        if prompt_len == ticket.prompt_len:
+            return
+        if ticket.state == "active":
+            self.loads[ticket.replica] += prompt_len - ticket.prompt_len
+            self.slot_prompt[ticket.replica, ticket.slot] = prompt_len
+        ticket.prompt_len = prompt_len
+
+    def finish(self, ticket: Ticket, outcome: str) -> bool:
+        """End ``ticket`` with ``outcome``, releasing whatever it holds. Returns ``False`` (and
+        changes nothing) if it had already ended: every ticket ends exactly once."""
+        if ticket.state == "done":
+            return False
+        if ticket.state == "active":
+            self._release(ticket)
+        elif ticket.state == "pooled":
+            self.pool.remove(ticket)
+        elif ticket.state == "admitted":
+            self.prefilling -= 1
+        ticket.state = "done"
+        ticket.outcome = outcome
+        del self.tickets[ticket.rid]
+        self.finished[outcome] += 1
+        return True
+
+    def expire(self, now: float) -> list[Ticket]:
+        """Take the pooled tickets whose KV lease has ended out of the pool (state
+        ``expired``; the caller fails and then finishes them)."""
+        late = [t for t in self.pool if t.lease_deadline <= now]
+        if late:
+            self.pool = [t for t in self.pool if t.lease_deadline > now]
+            for t in late:
+                t.state = "expired"
+        return late
+
+    def set_available(self, replica: int, available: bool) -> None:
+        """Take replica ``replica`` out of service (0 free slots to the policy) or back."""
+        self.available[replica] = available
+
+    # ------------------------------------------------------------------- tick
+    def build_tick(self, now: float) -> tuple[ClusterState, PoolView] | None:
+        """The policy's inputs, or ``None`` when the pool is empty or no slot is free."""
+        free = self.free_slots()
+        if not self.pool or not free.any():
+            return None
+        rows, cols = np.nonzero(self.slot_rid >= 0)
+        state = ClusterState(
+            loads=self.loads.copy(), free_slots=free, num_active=self.num_active.copy(),
+            step=self.step, now=now, active_replica=rows.astype(np.int64),
+            active_prompt=self.slot_prompt[rows, cols], active_age=self.slot_age[rows, cols],
+            active_ids=self.slot_rid[rows, cols],
+        )
+        n = len(self.pool)
+        view = PoolView(
+            prompt_len=np.fromiter((t.prompt_len for t in self.pool), dtype=np.int64, count=n),
+            wait=now - np.fromiter((t.joined for t in self.pool), dtype=np.float64, count=n),
+            request_ids=np.fromiter((t.rid for t in self.pool), dtype=np.int64, count=n),
+        )
+        return state, view
+
+    def apply(self, state: ClusterState, view: PoolView, decision: Assignment) -> list[Ticket]:
+        """Bind the assigned pooled tickets to their replicas; returns them (``replica`` set)."""
+        validate_assignment(state, view, decision)
+        self.step += 1
+        if len(decision) == 0:
+            return []
+        placed = []
+        for j, g in zip(decision.pool_index.tolist(), decision.replica.tolist(), strict=True):
+            ticket = self.pool[j]
+            slot = int(np.argmax(self.slot_rid[g] < 0))
+            ticket.state = "active"
+            ticket.replica = g
+            ticket.slot = slot
+            ticket.age = 0
+            self.slot_rid[g, slot] = ticket.rid
+            self.slot_prompt[g, slot] = ticket.prompt_len
+            self.slot_age[g, slot] = 0
+            self.loads[g] += ticket.prompt_len
+            self.num_active[g] += 1
+            placed.append(ticket)
+        taken = set(decision.pool_index.tolist())
+        self.pool = [t for j, t in enumerate(self.pool) if j not in taken]
+        return placed
+
+    def tick(self, policy: Policy, now: float) -> list[Ticket]:
+        """One scheduling tick: ``policy.assign`` on the current state, applied."""
+        inputs = self.build_tick(now)
+        if inputs is None:
+            return []
+        state, view = inputs
+        return self.apply(state, view, policy.assign(state, view))
+
+    def _release(self, ticket: Ticket) -> None:
+        g, slot = ticket.replica, ticket.slot
+        self.loads[g] -= ticket.prompt_len + ticket.age
+        self.num_active[g] -= 1
+        self.slot_rid[g, slot] = -1
+        self.slot_prompt[g, slot] = 0
+        self.slot_age[g, slot] = 0
+        ticket.replica = ticket.slot = -1
+        ticket.age = 0

@@ -1,0 +1,84 @@
+"""Prometheus metrics of the proxy (one registry per app, so several apps can share a process).
+
+Counters and histograms are updated as things happen; the gauges (pool, per-replica KV load
+and running count, imbalance I = G·M − Σ L as the proxy sees it) are read from the ledger at
+scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from .ledger import Ledger
+
+__all__ = ["CONTENT_TYPE_LATEST", "ProxyMetrics"]
+
+_TICK_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
+_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class _LedgerCollector:
+    def __init__(self, ledger: Ledger, labels: list[str], extra: Callable[[], dict[str, Any]]) -> None:
+        self.ledger = ledger
+        self.labels = labels
+        self.extra = extra
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        led = self.ledger
+        yield GaugeMetricFamily("balanceroute_pool_size", "Prefilled requests waiting for a decode slot.",
+                                value=len(led.pool))
+        yield GaugeMetricFamily("balanceroute_prefilling", "Accepted requests in the prefill stage.",
+                                value=led.prefilling)
+        yield GaugeMetricFamily("balanceroute_in_flight", "Accepted requests that have not ended.",
+                                value=led.in_flight)
+        yield GaugeMetricFamily("balanceroute_imbalance_tokens",
+                                "I = G*max_g L_g - sum_g L_g on the proxy's KV-load view.",
+                                value=led.imbalance())
+        yield GaugeMetricFamily("balanceroute_envelope_tokens", "M = max_g L_g.",
+                                value=int(led.loads.max()))
+        per = [
+            ("balanceroute_replica_kv_load_tokens", "L_g: KV tokens (prompt + generated) on replica g.", led.loads),
+            ("balanceroute_replica_running", "n_g: requests decoding on replica g.", led.num_active),
+            ("balanceroute_replica_free_slots", "Free slots the policy sees (0 when out of service).", led.free_slots()),
+            ("balanceroute_replica_available", "1 if replica g is in service.", led.available.astype(int)),
+        ]
+        for name, doc, values in per:
+            fam = GaugeMetricFamily(name, doc, labels=["replica", "url"])
+            for g, value in enumerate(values.tolist()):
+                fam.add_metric([str(g), self.labels[g]], value)
+            yield fam
+        for name, (doc, value) in self.extra().items():
+            yield GaugeMetricFamily(name, doc, value=value)
+
+
+class ProxyMetrics:
+    """The proxy's metric families on their own :class:`CollectorRegistry`."""
+
+    def __init__(self, ledger: Ledger, replica_labels: list[str],
+                 extra: Callable[[], dict[str, Any]] = dict) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("balanceroute_requests", "Requests ended, by endpoint and outcome.",
+                                ["endpoint", "outcome"], registry=self.registry)
+        self.accepted = Counter("balanceroute_requests_accepted", "Requests accepted into the pool path.",
+                                ["endpoint"], registry=self.registry)
+        self.errors = Counter("balanceroute_errors", "Errors by kind.", ["kind"], registry=self.registry)
+        self.retries = Counter("balanceroute_retries", "Upstream attempts retried, by stage.", ["stage"],
+                               registry=self.registry)
+        self.tokens = Counter("balanceroute_relayed_tokens", "Completion tokens relayed to clients.",
+                              registry=self.registry)
+        self.tick = Histogram("balanceroute_tick_seconds", "Duration of a scheduling tick (policy included).",
+                              buckets=_TICK_BUCKETS, registry=self.registry)
+        self.pool_wait = Histogram("balanceroute_pool_wait_seconds", "Time from prefill done to decode slot.",
+                                   buckets=_WAIT_BUCKETS, registry=self.registry)
+        self.ttft = Histogram("balanceroute_ttft_seconds", "Time from acceptance to the first decoded token.",
+                              buckets=_WAIT_BUCKETS, registry=self.registry)
+        self.registry.register(_LedgerCollector(ledger, replica_labels, extra))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)

@@ -1,0 +1,264 @@
+"""Running ASGI apps on local sockets: several uvicorn servers in one event loop, in the
+foreground (the CLI) or in a background thread (tests, benchmarks), stopped by handle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import uvicorn
+
+from .emulator import EmulatedCluster, EmulatorConfig, create_decode_app, create_prefill_app
+
+__all__ = ["EmulatorThread", "ServerThread", "bind_socket", "emulator_apps", "emulator_proxy_mapping",
+           "serve_apps", "start_emulator"]
+
+T = TypeVar("T")
+Hook = Callable[[], Awaitable[None]]
+
+
+def bind_socket(host: str, port: int = 0) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: any free port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(2048)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    """``http://host:port`` of a bound socket."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to :func:`serve_apps`."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def serve_apps(
+    apps: list[tuple[Any, socket.socket]],
+    *,
+    stop: asyncio.Event,
+    on_start: Hook | None = None,
+    on_stop: Hook | None = None,
+    started: Callable[[], None] | None = None,
+    log_level: str = "warning",
+    graceful_s: float = 2.0,
+) -> None:
+    """Serve every (app, socket) until ``stop`` is set. ``on_start``/``on_stop`` run before the
+    servers start and after they stop; ``started()`` is called once all accept connections."""
+    if on_start is not None:
+        await on_start()
+    servers = [
+        _Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
+                               timeout_graceful_shutdown=graceful_s, timeout_keep_alive=30))
+        for app, _ in apps
+    ]
+    tasks = [asyncio.ensure_future(s.serve(sockets=[sock])) for s, (_, sock) in zip(servers, apps, strict=True)]
+    try:
+        while not all(s.started for s in servers):
+            if any(t.done() for t in tasks):
+                raise RuntimeError("a server failed to start (see the log above)")
+            await asyncio.sleep(0.01)
+        if started is not None:
+            started()
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+    finally:
+        for s in servers:
+            s.should_exit = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if on_stop is not None:
+            await on_stop()
+
+
+def run_foreground(apps: list[tuple[Any, socket.socket]], *, on_start: Hook | None = None,
+                   on_stop: Hook | None = None, started: Callable[[], None] | None = None,
+                   log_level: str = "info") -> None:
+    """Serve in the main thread until SIGINT/SIGTERM."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        await serve_apps(apps, stop=stop, on_start=on_start, on_stop=on_stop, started=started,
+                         log_level=log_level)
+
+    try:
+        import uvloop  # optional (uvicorn[standard]): a faster event loop
+    except ImportError:
+        asyncio.run(main())
+        return
+    uvloop.run(main())
+
+
+@dataclass
+class ServerThread:
+    """Apps served by a background thread with its own event loop; ``with`` starts and stops it.
+
+    ``urls[i]`` is where app i listens. ``call(coro_fn)`` runs a coroutine on that loop.
+    """
+
+    apps: list[tuple[Any, socket.socket]]
+    on_start: Hook | None = None
+    on_stop: Hook | None = None
+    log_level: str = "warning"
+    urls: list[str] = field(init=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
+    _stop: asyncio.Event | None = field(default=None, init=False)
+    _thread: threading.Thread | None = field(default=None, init=False)
+    _ready: threading.Event = field(default_factory=threading.Event, init=False)
+    _error: BaseException | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.urls = [url_of(sock) for _, sock in self.apps]
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        """Start serving; returns once every server accepts connections."""
+        self._thread = threading.Thread(target=self._main, name="balanceroute-servers", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError("servers did not start in time")
+        if self._error is not None:
+            raise RuntimeError(f"servers failed: {self._error!r}")
+        return self
+
+    def _main(self) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            await serve_apps(self.apps, stop=self._stop, on_start=self.on_start, on_stop=self.on_stop,
+                             started=self._ready.set, log_level=self.log_level)
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # surfaced by start()
+            self._error = exc
+        finally:
+            self._ready.set()
+            for _, sock in self.apps:
+                sock.close()
+
+    def call(self, fn: Callable[[], Coroutine[Any, Any, T]], timeout: float = 30.0) -> T:
+        """Run ``fn()`` on the servers' loop and return its result."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(fn(), self._loop).result(timeout)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the servers and join the thread."""
+        if self._loop is not None and self._stop is not None and self._thread and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------- emulator
+def emulator_apps(cluster: EmulatedCluster, *, host: str = "127.0.0.1", base_port: int = 0
+                  ) -> tuple[list[tuple[Any, socket.socket]], list[str], list[str]]:
+    """The emulator's servers on sockets: prefill p at ``base_port + p``, then the decode
+    server(s) (port 0: free ports). Returns (apps, prefill urls, decode urls)."""
+    cfg = cluster.config
+    apps: list[tuple[Any, socket.socket]] = []
+    port = base_port
+    socks: list[socket.socket] = []
+
+    def next_socket() -> socket.socket:
+        nonlocal port
+        try:
+            sock = bind_socket(host, port)
+        except ValueError:
+            for s in socks:
+                s.close()
+            raise
+        socks.append(sock)
+        port = port + 1 if port else 0
+        return sock
+
+    for p in range(cfg.num_prefill):
+        apps.append((create_prefill_app(cluster, p), next_socket()))
+    if cfg.layout == "ports":
+        for g in range(cfg.num_replicas):
+            apps.append((create_decode_app(cluster, g), next_socket()))
+    else:
+        apps.append((create_decode_app(cluster, None), next_socket()))
+    urls = [url_of(sock) for _, sock in apps]
+    return apps, urls[: cfg.num_prefill], urls[cfg.num_prefill:]
+
+
+def emulator_proxy_mapping(config: EmulatorConfig, prefill_urls: list[str], decode_urls: list[str],
+                           *, kv_dialect: str = "nixl") -> dict[str, Any]:
+    """A proxy config (as from a config file) that routes to this emulator."""
+    if config.layout == "ports":
+        decode: list[dict[str, Any]] = [{"url": u} for u in decode_urls]
+    else:
+        decode = [{"url": decode_urls[0], "dp_size": config.num_replicas}]
+    out: dict[str, Any] = {"kv_dialect": kv_dialect, "decode": decode, "slots": config.slots,
+                           "served_models": [config.model]}
+    if kv_dialect != "none":
+        if not prefill_urls:
+            raise ValueError(f"kv_dialect={kv_dialect!r} needs emulated prefill instances (--prefill >= 1)")
+        out["prefill"] = [{"url": u, "bootstrap_addr": u} if kv_dialect == "mooncake" else {"url": u}
+                          for u in prefill_urls]
+    return out
+
+
+class EmulatorThread(ServerThread):
+    """A running emulator (see :func:`start_emulator`)."""
+
+    cluster: EmulatedCluster
+    prefill_urls: list[str]
+    decode_urls: list[str]
+
+    def proxy_mapping(self, kv_dialect: str = "nixl") -> dict[str, Any]:
+        """A proxy config mapping pointing at this emulator."""
+        return emulator_proxy_mapping(self.cluster.config, self.prefill_urls, self.decode_urls,
+                                      kv_dialect=kv_dialect)
+
+    def stats(self) -> dict[str, Any]:
+        """The cluster's measurements (read on its loop)."""
+
+        async def read() -> dict[str, Any]:
+            return self.cluster.stats()
+
+        return self.call(read)
+
+
+def start_emulator(config: EmulatorConfig, *, host: str = "127.0.0.1", base_port: int = 0,
+                   log_level: str = "warning") -> EmulatorThread:
+    """Start an emulated cluster in a background thread (stop it with ``.stop()`` or ``with``)."""
+    cluster = EmulatedCluster(config)
+    apps, prefill_urls, decode_urls = emulator_apps(cluster, host=host, base_port=base_port)
+
+    async def on_start() -> None:
+        cluster.start()
+
+    emu = EmulatorThread(apps, on_start=on_start, on_stop=cluster.stop, log_level=log_level)
+    emu.cluster = cluster
+    emu.prefill_urls = prefill_urls
+    emu.decode_urls = decode_urls
+    return emu.start()

@@ -1,0 +1,45 @@
+"""The ``serve``/``emulate``/``loadgen`` subcommands: parsing, user errors, a real loadgen run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from balanceroute.cli import build_parser, main
+
+from .conftest import running_emulator
+
+
+def test_subcommands_are_registered() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--decode", "http://a:1", "--dp-size", "8", "--kv-dialect", "none",
+                              "--policy-param", "s_greedy=4", "--policy-param", "name=x"])
+    assert args.dp_size == 8 and dict(args.policy_param) == {"s_greedy": 4, "name": "x"}
+    args = parser.parse_args(["emulate", "-G", "4", "--slow-replica", "2:3.5", "--kill-replica", "1"])
+    assert args.slow_replica == [(2, 3.5)] and args.kill_replica == [1]
+    assert parser.parse_args(["loadgen", "--url", "http://x"]).handler.__name__ == "_loadgen"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["serve", "--decode", "ftp://nope", "--kv-dialect", "none"], "http"),
+    (["serve", "--decode", "http://a:1"], "prefill"),
+    (["serve", "--kv-dialect", "none", "--decode", "http://a:1", "--policy", "nope"], "unknown policy"),
+    (["serve", "--config", "/nonexistent/proxy.toml"], "No such file"),
+    (["loadgen", "--url", "http://127.0.0.1:1", "--requests", "0"], "--requests"),
+])
+def test_user_errors_exit_2_without_traceback(argv, message, capsys) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_loadgen_against_the_emulator(capsys) -> None:
+    with running_emulator(num_replicas=2, num_prefill=0, layout="dp") as emu:
+        code = main(["loadgen", "--url", emu.decode_urls[0], "--requests", "12", "--clip-output", "6",
+                     "--clip-prompt", "64", "--concurrency", "4", "--emulator-stats",
+                     emu.decode_urls[0] + "/stats", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["ok"] == 12 and out["errors"] == 0
+    assert out["completion_tokens"] == out["emulator"]["generated_tokens"] > 0
+    assert out["ttft_s_p50"] > 0 and out["emulator"]["steps"] > 0

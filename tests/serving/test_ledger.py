@@ -1,0 +1,138 @@
+"""The proxy's bookkeeping: state built for the policy, assignments applied, loads conserved."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from balanceroute.core.policies import get_policy
+from balanceroute.serving.ledger import Ledger, NoReplica, PoolFull
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+def test_worked_example_imbalance() -> None:
+    """DESIGN §1: loads 10, 7, 6, 5 → I = 12."""
+    led = Ledger([4, 4, 4, 4], pool_capacity=8)
+    led.loads[:] = [10, 7, 6, 5]
+    assert led.imbalance() == 12
+
+
+def test_tick_builds_the_policy_view_and_applies_it() -> None:
+    led = Ledger([2, 2], pool_capacity=8)
+    tickets = [led.admit(f"r{i}") for i in range(3)]
+    for t, s in zip(tickets, (100, 40, 60), strict=True):
+        led.enqueue(t, s, now=1.0, lease_s=30)
+    state, view = led.build_tick(now=2.0)
+    assert state.free_slots.tolist() == [2, 2] and view.prompt_len.tolist() == [100, 40, 60]
+    assert view.wait.tolist() == [1.0, 1.0, 1.0]
+    placed = led.tick(get_policy("br0"), now=2.0)
+    assert len(placed) == 3 and not led.pool and led.prefilling == 0
+    assert led.loads.sum() == 200 and (led.num_active <= 2).all()
+    for t in placed:
+        assert led.slot_rid[t.replica, t.slot] == t.rid and led.slot_prompt[t.replica, t.slot] == t.prompt_len
+    for t in placed:
+        led.progress(t, 5)
+    assert led.loads.sum() == 200 + 15
+    state, _ = led.build_tick(now=3.0) or (None, None)
+    assert state is None  # pool empty
+    for t in placed:
+        assert led.finish(t, "ok") and not led.finish(t, "ok")
+    assert not led.loads.any() and led.finished["ok"] == 3 and led.in_flight == 0
+
+
+def test_out_of_service_replica_has_no_free_slots() -> None:
+    led = Ledger([2, 2], pool_capacity=8)
+    led.set_available(0, False)
+    t = led.admit("r")
+    led.enqueue(t, 10, now=0.0, lease_s=30)
+    state, _ = led.build_tick(now=0.0)
+    assert state.free_slots.tolist() == [0, 2]
+    assert led.tick(get_policy("round_robin"), now=0.0)[0].replica == 1
+    led.set_available(1, False)
+    with pytest.raises(NoReplica):
+        led.admit("x")
+
+
+def test_pool_capacity_counts_prefilling_and_pooled() -> None:
+    led = Ledger([1], pool_capacity=2)
+    a = led.admit("a")
+    led.admit("b")
+    with pytest.raises(PoolFull):
+        led.admit("c")
+    led.enqueue(a, 5, now=0.0, lease_s=30)
+    with pytest.raises(PoolFull):
+        led.admit("c")
+
+
+def test_requeue_keeps_place_and_expire_takes_late_tickets_out() -> None:
+    led = Ledger([1, 1], pool_capacity=8)
+    t0, t1 = led.admit("a"), led.admit("b")
+    led.enqueue(t0, 10, now=0.0, lease_s=5)
+    led.tick(get_policy("round_robin"), now=0.0)
+    led.enqueue(t1, 20, now=1.0, lease_s=5)
+    led.progress(t0, 3)
+    led.requeue(t0)
+    assert [t.request_id for t in led.pool] == ["a", "b"] and not led.loads.any()
+    assert [t.request_id for t in led.expire(now=5.5)] == ["a"]
+    assert [t.request_id for t in led.pool] == ["b"]
+    assert led.finish(t0, "lease_expired") and led.finish(t1, "client_disconnect")
+    assert led.in_flight == 0
+
+
+def test_set_prompt_corrects_an_estimate() -> None:
+    led = Ledger([1], pool_capacity=8)
+    t = led.admit("a")
+    led.enqueue(t, 10, now=0.0, lease_s=5)
+    led.tick(get_policy("jsq"), now=0.0)
+    led.set_prompt(t, 25)
+    assert led.loads.tolist() == [25]
+    led.finish(t, "ok")
+    assert led.loads.tolist() == [0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["admit", "enqueue", "tick", "progress", "requeue", "finish",
+                                           "expire", "toggle"]),
+                          st.integers(0, 1000)), max_size=120),
+       st.sampled_from(["br0", "round_robin", "least_load"]))
+def test_random_operations_keep_the_accounting(ops, policy_name) -> None:
+    """Whatever happens, L_g = Σ (s_i + a_i) over the tickets active on g, n_g ≤ B_g, and once
+    every ticket is finished everything is zero and each was counted once."""
+    led = Ledger([3, 2, 4], pool_capacity=6)
+    policy = get_policy(policy_name)
+    now = 0.0
+    for op, x in ops:
+        now += 0.1
+        alive = list(led.tickets.values())
+        pick = alive[x % len(alive)] if alive else None
+        if op == "admit":
+            try:
+                led.admit(f"r{x}")
+            except (PoolFull, NoReplica):
+                pass
+        elif op == "enqueue" and pick is not None and pick.state == "admitted":
+            led.enqueue(pick, 1 + x, now=now, lease_s=2.0)
+        elif op == "tick":
+            led.tick(policy, now)
+        elif op == "progress" and pick is not None:
+            led.progress(pick, pick.age + x % 7)
+        elif op == "requeue" and pick is not None and pick.state == "active":
+            led.requeue(pick)
+        elif op == "finish" and pick is not None:
+            led.finish(pick, "ok")
+        elif op == "expire":
+            for t in led.expire(now):
+                led.finish(t, "lease_expired")
+        elif op == "toggle":
+            led.set_available(x % 3, not led.available[x % 3])
+        active = [t for t in led.tickets.values() if t.state == "active"]
+        expect = np.zeros(3, dtype=np.int64)
+        for t in active:
+            expect[t.replica] += t.prompt_len + t.age
+        assert led.loads.tolist() == expect.tolist()
+        assert (led.num_active <= led.capacity).all()
+        assert led.num_active.sum() == len(active) == (led.slot_rid >= 0).sum()
+    for t in list(led.tickets.values()):
+        assert led.finish(t, "end")
+    assert led.accepted == sum(led.finished.values())
+    assert not led.loads.any() and not led.num_active.any() and not led.pool and led.prefilling == 0
