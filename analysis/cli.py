@@ -211,3 +211,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("workloads", help="list the bundled workloads")
     p.set_defaults(handler=_cmd_workloads)
+
+    p = sub.add_parser("reproduce", help="regenerate every table and figure next to the paper's",
+                       description="Run the declared experiment grids (cached per cell), write "
+                                   "tidy CSVs, PNG figures and REPORT.md with our numbers next "
+                                   "to the paper's.")
+    from balanceroute.analysis.reproduce import add_arguments, run_reproduce
+
+    add_arguments(p)
+    p.set_defaults(handler=run_reproduce)

@@ -5,7 +5,11 @@ Per decode step k, in this order: (1) the scheduling tick assigns pooled request
 elapses; (3) every active request generates one token (L_g grows by n_g) and a request whose age
 reaches o_i finishes and frees its slot (its s_i + o_i tokens leave L_g).
 
-Request state lives in numpy columns and a (G·B) slot table; no per-request Python objects.
+Request state lives in numpy columns; no per-request Python objects. Two loops run these
+dynamics with identical results: the fused compiled loop (:mod:`.fused`, for policies with a
+compiled tick) and the generic loop (any :class:`Policy`, called through ``assign``). Memory is
+O(requests + G·B): per-request outcome columns, no per-step history unless
+``record_series``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from .fused import fused_policy, run_fused
 from .policies.base import Policy
 from .state import ClusterState, PoolView, validate_assignment
 from .workloads.base import Workload
@@ -157,28 +162,63 @@ def _percentiles(values: NDArray, prefix: str, scale: float) -> dict[str, float]
     return {f"{prefix}_p50": float(p50), f"{prefix}_p95": float(p95), f"{prefix}_p99": float(p99)}
 
 
+Engine = Literal["auto", "fused", "generic"]
+
+
+@dataclass(slots=True)
+class _Raw:
+    """What either loop leaves behind, before metrics are computed."""
+
+    replica: NDArray[np.int64]
+    start: NDArray[np.int64]
+    finish: NDArray[np.int64]
+    joined: NDArray[np.float64]
+    tick_time: NDArray[np.float64]
+    first_time: NDArray[np.float64]
+    finish_time: NDArray[np.float64]
+    steps: int
+    now: float
+    generated: int
+    sum_i: float
+    sum_tau: float
+    loaded: tuple[float, float, int]
+    loads_left: bool
+    series: dict[str, NDArray] | None
+
+
+_SERIES = ("imbalance", "envelope", "total_load", "step_time", "active", "pool")
+
+
 def simulate(
     workload: Workload,
     policy: Policy,
     config: SimConfig,
     *,
     progress: Callable[[int], None] | None = None,
+    engine: Engine = "auto",
 ) -> SimResult:
     """Run ``workload`` through ``policy`` on the cluster of ``config`` until every request has
     finished. Deterministic for a given workload, policy (and its seed) and config.
 
+    ``engine``: ``"auto"`` runs the fused compiled loop (:mod:`~balanceroute.core.fused`) when
+    the policy has a compiled tick (BR-0, JSQ, LeastLoad, RoundRobin) and the generic loop —
+    ``policy.assign`` on a :class:`ClusterState`/:class:`PoolView` every tick — otherwise;
+    ``"generic"`` forces the generic loop, ``"fused"`` demands the fused one (``ValueError`` if
+    the policy has none). Both give identical results. The fused loop does not re-validate
+    assignments (``config.check_assignments``): its ticks are the tested kernels.
+
     ``progress(n_finished)`` is called now and then (for a progress bar).
     """
     n = len(workload)
-    g_count, b_slots = config.num_replicas, config.slots
     if n == 0:
         raise ValueError("the workload has no requests")
+    if engine not in ("auto", "fused", "generic"):
+        raise ValueError(f"{engine=} must be 'auto', 'fused' or 'generic'")
     prompt = workload.prompt_len.astype(np.int64)
     output = workload.output_len.astype(np.int64)
     saturated = config.mode == "saturated"
     if saturated:
-        arrival = np.full(n, np.nan)
-        ready = arrival
+        ready = np.full(n, np.nan)
     else:
         if workload.arrival_s is None:
             raise ValueError(f"workload {workload.name!r} has no timestamps: open-loop mode needs them")
@@ -187,6 +227,45 @@ def simulate(
             raise ValueError(f"workload {workload.name!r}: arrival_s must be non-decreasing")
         ready = arrival + config.prefill_delay_s
 
+    spec = fused_policy(policy) if engine != "generic" else None
+    if engine == "fused" and spec is None:
+        raise ValueError(f"policy {getattr(policy, 'name', policy)!r} has no fused loop")
+    if spec is not None:
+        raw = _run_fused(prompt, output, ready, policy, spec, config, progress)
+    else:
+        raw = _run_generic(prompt, output, ready, policy, config, progress)
+
+    if raw.generated != int(output.sum()) or raw.loads_left:
+        raise AssertionError("token conservation violated")  # pragma: no cover
+    arrival = raw.joined if saturated else arrival
+    return _result(raw, n, output, arrival)
+
+
+def _run_fused(prompt, output, ready, policy, spec, config, progress) -> _Raw:
+    step = config.step_model
+    run = run_fused(
+        prompt, output, ready, saturated=config.mode == "saturated", target=config.pool_target,
+        num_replicas=config.num_replicas, slots=config.slots, spec=spec,
+        cursor=int(getattr(policy, "cursor", 0)), step_b=step.b, step_a=step.a, step_c=step.c,
+        max_steps=config.max_steps, record_series=config.record_series, progress=progress,
+    )
+    if hasattr(policy, "cursor"):
+        policy.cursor = run.cursor  # RoundRobin's cursor persists across ticks, as in assign
+    now, sum_i, _, sum_tau, loaded_i, loaded_gm = run.totals
+    return _Raw(
+        replica=run.replica, start=run.start, finish=run.finish, joined=run.joined,
+        tick_time=run.tick_time, first_time=run.first_time, finish_time=run.finish_time,
+        steps=run.steps, now=now, generated=run.generated, sum_i=sum_i, sum_tau=sum_tau,
+        loaded=(loaded_i, loaded_gm, run.loaded_steps), loads_left=bool(run.loads.any()),
+        series=None if run.series is None else dict(zip(_SERIES, run.series, strict=True)),
+    )
+
+
+def _run_generic(prompt, output, ready, policy, config, progress) -> _Raw:
+    """The reference loop: ``policy.assign`` through the contract, every tick."""
+    n = prompt.shape[0]
+    g_count, b_slots = config.num_replicas, config.slots
+    saturated = config.mode == "saturated"
     replica = np.full(n, -1, dtype=np.int64)
     start = np.full(n, -1, dtype=np.int64)
     finish = np.full(n, -1, dtype=np.int64)
@@ -207,7 +286,7 @@ def simulate(
     generated = 0
     sum_i = sum_gm = sum_tau = 0.0
     loaded = (0.0, 0.0, 0)  # (Σ I, Σ G·M, steps) up to the last assigning step
-    series = _Series(("imbalance", "envelope", "total_load", "step_time", "active", "pool")) if config.record_series else None
+    series = _Series(_SERIES) if config.record_series else None
     target = config.pool_target
 
     while finished < n:
@@ -300,27 +379,33 @@ def simulate(
                 progress(finished)
         k += 1
 
-    if generated != int(output.sum()) or loads.any():
-        raise AssertionError("token conservation violated")  # pragma: no cover
+    return _Raw(
+        replica=replica, start=start, finish=finish, joined=joined, tick_time=tick_time,
+        first_time=first_time, finish_time=finish_time, steps=k, now=now, generated=generated,
+        sum_i=sum_i, sum_tau=sum_tau, loaded=loaded, loads_left=bool(loads.any()),
+        series=series.arrays() if series is not None else None,
+    )
 
-    if saturated:
-        arrival = joined
+
+def _result(raw: _Raw, n: int, output: NDArray, arrival: NDArray) -> SimResult:
+    """Metrics and per-request outcomes (SimResult's definitions) from either loop."""
     multi = output > 1
-    tpot = (finish_time[multi] - first_time[multi]) / (output[multi] - 1)
-    ttft = first_time - arrival
-    wait = tick_time - joined
-    loaded_i, loaded_gm, loaded_steps = loaded
+    tpot = (raw.finish_time[multi] - raw.first_time[multi]) / (output[multi] - 1)
+    ttft = raw.first_time - arrival
+    wait = raw.tick_time - raw.joined
+    k, sum_tau = raw.steps, raw.sum_tau
+    loaded_i, loaded_gm, loaded_steps = raw.loaded
     metrics: dict[str, float] = {
         "requests": float(n),
-        "generated_tokens": float(generated),
+        "generated_tokens": float(raw.generated),
         "steps": float(k),
         "loaded_steps": float(loaded_steps),
         "mean_imbalance": loaded_i / max(loaded_steps, 1),
-        "mean_imbalance_all": sum_i / k,
+        "mean_imbalance_all": raw.sum_i / k,
         "barrier_idle_fraction": loaded_i / loaded_gm if loaded_gm else 0.0,
-        "throughput_tok_s": generated / sum_tau,
+        "throughput_tok_s": raw.generated / sum_tau,
         "busy_time_s": sum_tau,
-        "makespan_s": now,
+        "makespan_s": raw.now,
         "mean_step_ms": 1e3 * sum_tau / k,
         **_percentiles(tpot, "tpot_ms", 1e3),
         **_percentiles(ttft, "ttft_s", 1.0),
@@ -329,13 +414,13 @@ def simulate(
     }
     return SimResult(
         metrics=metrics,
-        replica=replica,
-        start_step=start,
-        finish_step=finish,
+        replica=raw.replica,
+        start_step=raw.start,
+        finish_step=raw.finish,
         ttft_s=ttft,
         tpot_s=_scatter(tpot, multi),
         pool_wait_s=wait,
-        series=series.arrays() if series is not None else None,
+        series=raw.series,
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from .base import FifoPolicy, Policy
 from .br0 import BR0Policy
+from .brh import BRHPolicy
 from .jsq import JSQPolicy
 from .least_load import LeastLoadPolicy
 from .power_of_two import PowerOfTwoPolicy
@@ -26,6 +27,7 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "jsq": JSQPolicy,
     "least_load": LeastLoadPolicy,
     "br0": BR0Policy,
+    "brh": BRHPolicy,
 }
 
 #: The policies the paper compares against (the "best baseline" of its Table 1).

@@ -1,0 +1,79 @@
+"""EmpiricalSurvival: the ECDF of output lengths seen in training, conditioned on the age."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..workloads.base import Workload
+from .base import RequestFeatures, check_horizon
+
+__all__ = ["EmpiricalSurvival", "survival_estimates"]
+
+
+def survival_estimates(
+    keys: NDArray[np.int64],
+    prefix: NDArray[np.float64],
+    offset: NDArray[np.int64] | int,
+    hi: NDArray[np.int64] | int,
+    ages: NDArray[np.int64],
+    horizon: int,
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64]]:
+    """Conditional ECDF estimates, O(log n) per query: two ``searchsorted`` and prefix sums.
+
+    ``keys`` are sorted ``offset_g + o`` (one block per group g of training outputs o, ``offset``
+    per query naming its block; a single ECDF has offset 0), ``hi`` the end of the query's
+    block and ``prefix = [0, cumsum(o)]`` in key order. Returns
+    ``p_fin = #{a < o ≤ a+H} / #{o > a}``, ``mu_rem = mean(o | a < o ≤ a+H) − a`` (H where there
+    is no such o, clipped to [1, H]) and the support ``#{o > a}`` (``p_fin = 0`` where it is 0).
+    """
+    a = np.asarray(ages, dtype=np.int64)
+    starts = np.searchsorted(keys, offset + a, side="right")
+    ends = np.searchsorted(keys, offset + a + horizon, side="right")
+    alive = hi - starts
+    done = ends - starts
+    p_fin = np.where(alive > 0, done / np.maximum(alive, 1), 0.0)
+    mean_out = (prefix[ends] - prefix[starts]) / np.maximum(done, 1)
+    mu_rem = np.where(done > 0, mean_out - a, float(horizon))
+    return p_fin.astype(np.float64), np.clip(mu_rem, 1.0, float(horizon)), alive
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EmpiricalSurvival:
+    """``p_fin = P(o ≤ a+H | o > a)`` and ``mu_rem = E[o − a | a < o ≤ a+H]`` from the ECDF of
+    the training outputs; features other than the age are ignored.
+
+    Beyond the longest output seen (no training output exceeds a) nothing is known:
+    ``p_fin = 0``, i.e. the request is expected to stay the whole window.
+    """
+
+    sorted_out: NDArray[np.int64]
+    prefix: NDArray[np.float64]
+    name: str = "survival"
+
+    @classmethod
+    def fit(cls, train: Workload, *, horizon: int = 80, seed: int = 0) -> EmpiricalSurvival:
+        """Fit on the output lengths of ``train`` (``horizon`` and ``seed`` are unused: the
+        ECDF answers any H)."""
+        del horizon, seed
+        return cls.from_lengths(train.output_len)
+
+    @classmethod
+    def from_lengths(cls, output_len: NDArray) -> EmpiricalSurvival:
+        """The ECDF of ``output_len`` (at least one length)."""
+        out = np.sort(np.asarray(output_len, dtype=np.int64))
+        if out.shape[0] == 0:
+            raise ValueError("EmpiricalSurvival needs at least one training output length")
+        prefix = np.concatenate([[0.0], np.cumsum(out, dtype=np.float64)])
+        return cls(sorted_out=out, prefix=prefix)
+
+    def predict(
+        self, features: RequestFeatures, ages: NDArray, horizon: int
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Vectorised conditional ECDF look-ups (two ``searchsorted`` per call)."""
+        horizon = check_horizon(horizon)
+        n = self.sorted_out.shape[0]
+        p_fin, mu_rem, _ = survival_estimates(self.sorted_out, self.prefix, 0, n, ages, horizon)
+        return p_fin, mu_rem

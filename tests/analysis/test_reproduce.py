@@ -1,0 +1,73 @@
+"""`reproduce` on a tiny grid: CSVs, figures and a report that keeps the hand-written part."""
+
+from __future__ import annotations
+
+import pytest
+from balanceroute.analysis import experiments
+from balanceroute.analysis.reproduce import reproduce
+from balanceroute.analysis.sweep import read_csv
+
+pytest.importorskip("matplotlib", reason="the `plot` extra (matplotlib) is not installed")
+
+TINY = experiments.Profile(
+    name="test", slots=8, policies=("random", "jsq", "br0"), table1_workloads=("servegen-r1",),
+    table1_requests=400, table1_replay_requests=400, seeds=(0,),
+    scaling_workloads=("azure-conv-2023",), scaling_replicas=(2, 4), scaling_base=300,
+    scaling_per_slot=4, scaling_cap=600, step_workload="azure-conv-2023", step_requests=300,
+    step_ratios=(0.0, 1.0), slot_values=(4, 8), tick_workload="azure-conv-2023", tick_replicas=(4,),
+    tick_pool_factors=(2,), tick_states=5, tick_repeats=1, tick_per_slot=2, tick_min_requests=300,
+    gap_replicas=(2,), gap_workloads=("azure-conv-2023", ""), gap_instances=2, gap_time_limit_s=5.0, clairvoyant_instances=1,
+    clairvoyant_requests=5, clairvoyant_time_limit_s=5.0, ratio_replicas=(2,), ratio_instances=2,
+    balls_bins=(4, 8), balls_reps=2,
+)
+
+SCHEMA = {
+    "table1": {"experiment", "workload", "policy", "replicas", "slots", "seed", "mean_imbalance",
+               "tpot_ms_p95", "throughput_loaded_tok_s", "throughput_tok_s", "test_requests"},
+    "scaling": {"replicas", "policy", "mean_imbalance", "load_std_mean", "envelope_mean"},
+    "step_model": {"step_a", "step_b", "a_over_b_rel", "envelope_mean", "active_mean"},
+    "tick_timing": {"replicas", "pool_size", "measure", "regime", "p50_us", "p99_us", "ticks"},
+    "balls_into_bins": {"bins", "choices", "rep", "max_load"},
+}
+
+
+def test_reproduce_tiny_grid(tmp_path):
+    (tmp_path / "DISCUSSION.md").write_text("Hand-written: keep me.")
+    result = reproduce(tmp_path, profile=TINY, jobs=1, command="balanceroute reproduce --test")
+    assert not result.errors, result.errors
+    assert result.grid is not None and result.grid.executed > 0
+
+    for name, columns in SCHEMA.items():
+        rows = read_csv(tmp_path / "data" / f"{name}.csv")
+        assert rows, name
+        assert columns <= set(rows[0]), (name, columns - set(rows[0]))
+    table1 = read_csv(tmp_path / "data" / "table1.csv")
+    assert {r["policy"] for r in table1} == {"random", "jsq", "br0"}
+
+    for name in ("table1_imbalance", "table1_gain", "scaling_imbalance", "theory_extreme_value",
+                 "theory_balls_into_bins", "tick_latency", "step_model"):
+        png = tmp_path / "figures" / f"{name}.png"
+        assert png.exists() and png.read_bytes()[:4] == b"\x89PNG", name
+
+    report = (tmp_path / "REPORT.md").read_text()
+    assert "Hand-written: keep me." in report
+    assert "## Table 1" in report and "## Table 2" in report
+    assert "438,225" in report  # the paper's Random row next to servegen-r1
+    assert "not available" in report  # the brh-* rows this profile leaves out
+    assert "](figures/table1_imbalance.png)" in report
+    assert str(tmp_path) not in report and "/work/" not in report
+
+    before = (tmp_path / "data" / "table1.csv").read_text()
+    again = reproduce(tmp_path, profile=TINY, jobs=1)
+    assert again.grid is not None and again.grid.executed == 0 and again.grid.cached > 0
+    assert (tmp_path / "data" / "table1.csv").read_text() == before
+
+
+def test_report_only_reads_the_csvs(tmp_path):
+    reproduce(tmp_path, profile=TINY, jobs=1, only=["balls_into_bins"])
+    result = reproduce(tmp_path, profile=TINY, report_only=True)
+    assert result.grid is None
+    report = (tmp_path / "REPORT.md").read_text()
+    assert "Balls into bins" in report and "No `table1` data." in report
+    with pytest.raises(ValueError, match="unknown experiment"):
+        reproduce(tmp_path, profile=TINY, only=["nope"])
