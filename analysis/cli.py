@@ -69,11 +69,11 @@ def config_from_args(args: argparse.Namespace, **overrides: Any):
 
 
 def _policy_names(text: str | None) -> list[str]:
-    from balanceroute.analysis.policies import all_policy_names
+    from balanceroute.analysis.policies import all_policy_names, default_policy_names
 
     valid = all_policy_names()
     if not text:
-        return valid
+        return default_policy_names()
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in valid]
     if unknown:
@@ -129,7 +129,7 @@ def _run_compare(args: argparse.Namespace, names: list[str]) -> int:
     series_path = getattr(args, "series", None)
     config = config_from_args(args, record_series=bool(series_path))
     factory = make_factory(workload, num_replicas=config.num_replicas, seed=args.seed,
-                           train_fraction=args.train_fraction)
+                           train_fraction=args.train_fraction, names=names)
     test = factory.test_workload
     total = len(test) * len(names)
     with tqdm(total=total, desc="simulating", unit="req", file=sys.stderr,
@@ -211,6 +211,28 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("workloads", help="list the bundled workloads")
     p.set_defaults(handler=_cmd_workloads)
+
+    p = sub.add_parser("bench", help="time the routing tick and the simulator on this machine",
+                       description="Tick latency (P50/P99) of BR-0 and BR-H on saturated states "
+                                   "and simulator replica-steps per second, each against a "
+                                   "pure-Python reference timed in the same run.")
+    from balanceroute.analysis.bench import add_bench_args, run_bench_command
+
+    add_bench_args(p)
+    p.set_defaults(handler=run_bench_command)
+
+    from balanceroute.analysis.predictors import add_predictors_args, run_predictors
+    from balanceroute.analysis.tune import add_tune_args, run_tune
+
+    p = sub.add_parser("predictors", help="calibration of the termination predictors (held out)",
+                       description="Fit every predictor on the training part of a trace and "
+                                   "report AUC, Brier score and ECE on the held-out part.")
+    add_predictors_args(p)
+    p.set_defaults(handler=run_predictors)
+
+    p = sub.add_parser("tune", help="search BR-H's H, gamma, beta, S_greedy on the training split")
+    add_tune_args(p)
+    p.set_defaults(handler=run_tune)
 
     p = sub.add_parser("reproduce", help="regenerate every table and figure next to the paper's",
                        description="Run the declared experiment grids (cached per cell), write "

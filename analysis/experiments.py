@@ -3,6 +3,8 @@
 Experiments (one tidy CSV each, see :func:`declare`):
 
 - ``table1``: every Table-1 policy × the four workloads at G = 8 (seeded repeats).
+- ``table1_calibrated``: the same on the two decode-heavy workloads with B and the step model
+  calibrated to the paper's reported numbers (a what-if).
 - ``scaling``: G = 4 … 128 for the baselines, BR-0 and BR-H (oracle): the paper's G-scaling
   table and beyond it; also the data of the extreme-value figure.
 - ``step_model``: the throughput gain as the step model's a/b ratio varies.
@@ -83,7 +85,11 @@ class Profile:
     seeds: tuple[int, ...] = (0, 1, 2)
     replay_seeds: tuple[int, ...] = (0,)
     single_seed_policies: tuple[str, ...] = ("brh-learned",)
+    calibrated_workloads: tuple[str, ...] = ("azure-2024-long", "servegen-r1")
+    calibrated_slots: int = 16
+    calibrated_step: tuple[float, float] = (0.025, 1.2e-6)
     scaling_workloads: tuple[str, ...] = ("servegen-r1", "azure-2024-long")
+    scaling_seeds: tuple[int, ...] = (0, 1, 2)
     scaling_replicas: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
     scaling_base: int = 20_000
     scaling_per_slot: int = 30
@@ -121,6 +127,7 @@ FULL = Profile(name="full")
 
 QUICK = Profile(
     name="quick", table1_requests=6_000, table1_replay_requests=6_000, seeds=(0,),
+    scaling_seeds=(0,),
     scaling_workloads=("servegen-r1",), scaling_replicas=(4, 8, 16, 32), scaling_base=4_000,
     scaling_per_slot=8, scaling_cap=40_000, step_requests=4_000,
     step_ratios=(0.0, 0.25, 1.0, 4.0, 16.0), slot_values=(16, 64), tick_replicas=(4, 8, 16, 32), tick_pool_factors=(2,),
@@ -215,11 +222,23 @@ def declare(profile: Profile, available: list[str], *, solvers: bool | None = No
         if s == profile.seeds[0] or p not in profile.single_seed_policies
     ]
 
+    cb, ca = profile.calibrated_step
+    grids["table1_calibrated"] = [
+        Cell(experiment="table1_calibrated", workload=w, policy=p, replicas=8,
+             slots=profile.calibrated_slots, step_b=cb, step_a=ca,
+             requests=profile.table1_requests if w in GENERATED else profile.table1_replay_requests,
+             seed=s)
+        for w in profile.calibrated_workloads
+        for s in (profile.seeds if w in GENERATED else profile.replay_seeds) for p in t1
+        if s == profile.seeds[0] or p not in profile.single_seed_policies
+    ]
+
     sc = tuple(p for p in SCALING_POLICIES if p in have)
     grids["scaling"] = [
         Cell(experiment="scaling", workload=w, policy=p, replicas=g, slots=b,
-             requests=scaling_requests(profile, g, b), seed=0)
-        for w in profile.scaling_workloads for g in profile.scaling_replicas for p in sc
+             requests=scaling_requests(profile, g, b), seed=s)
+        for w in profile.scaling_workloads for g in profile.scaling_replicas
+        for s in profile.scaling_seeds for p in sc
     ]
 
     base = Cell(experiment="x")

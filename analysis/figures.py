@@ -116,7 +116,8 @@ def fig_table1_imbalance(rows: Sequence[dict], path: str | Path) -> Path | None:
     ax.set_xticks(range(len(workloads)))
     ax.set_xticklabels([_workload_label(w) for w in workloads])
     ax.set_ylabel("mean imbalance I (tokens, log scale)")
-    ax.set_title("Barrier imbalance at G = 8: ours (bars) vs the paper (hollow markers)")
+    ax.set_title(f"Barrier imbalance at G = 8, B = {rows[0]['slots']}, a = "
+                 f"{1e6 * rows[0]['step_a']:g} µs/token: ours (bars), paper (markers)", fontsize=9)
     ax.legend(ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     return _save(fig, path)
 
@@ -156,7 +157,8 @@ def fig_table1_gain(rows: Sequence[dict], path: str | Path) -> Path | None:
     ax.set_xticks(range(len(workloads)))
     ax.set_xticklabels([_workload_label(w) for w in workloads])
     ax.set_ylabel("throughput gain over JSQ (%)")
-    ax.set_title("Throughput gain over JSQ at G = 8 (loaded phase; bars: ours, markers: paper)")
+    ax.set_title(f"Throughput gain over JSQ at G = 8, B = {rows[0]['slots']}, a = "
+                 f"{1e6 * rows[0]['step_a']:g} µs/token (bars: ours, markers: paper)", fontsize=9)
     ax.legend(ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     return _save(fig, path)
 
@@ -168,11 +170,12 @@ def _scaling_panel(ax, summary: list[dict], workload: str, key: str, policies: S
                    paper_key: str | None) -> None:
     gs = sorted({r["replicas"] for r in summary if r["workload"] == workload})
     for p in policies:
-        pts = sorted((r["replicas"], r[key]) for r in summary
-                     if r["workload"] == workload and r["policy"] == p)
+        pts = sorted((r["replicas"], r[key], r[f"{key}_sd"] if r["seeds"] > 1 else 0.0)
+                     for r in summary if r["workload"] == workload and r["policy"] == p)
         if pts:
-            ax.plot(*zip(*pts, strict=False), marker=MARKER.get(p, "o"), color=COLOR.get(p), label=LABEL.get(p, p),
-                    ms=4, lw=1.2)
+            g, y, sd = zip(*pts, strict=True)
+            ax.errorbar(g, y, yerr=sd if any(sd) else None, marker=MARKER.get(p, "o"),
+                        color=COLOR.get(p), label=LABEL.get(p, p), ms=4, lw=1.2, capsize=2)
         if paper_key and workload == paper.DATASET_WORKLOAD["proprietary"]:
             pp = [(r["replicas"], r[paper_key]) for r in paper.TABLE2 if r["policy"] == p]
             if pp:
@@ -513,6 +516,8 @@ def fig_competitive_ratio(rows: Sequence[dict], path: str | Path) -> Path | None
 FIGURES: dict[str, tuple[str, Any]] = {
     "table1_imbalance": ("table1", fig_table1_imbalance),
     "table1_gain": ("table1", fig_table1_gain),
+    "table1_calibrated_imbalance": ("table1_calibrated", fig_table1_imbalance),
+    "table1_calibrated_gain": ("table1_calibrated", fig_table1_gain),
     "scaling_imbalance": ("scaling", fig_scaling_imbalance),
     "scaling_gain": ("scaling", fig_scaling_gain),
     "theory_extreme_value": ("scaling", fig_extreme_value),

@@ -2,7 +2,8 @@
 
 Baselines and BR-0 come straight from the registry. Names that need a fitted predictor (the
 ``brh-*`` rows) are fitted on the leading ``train_fraction`` of the trace and simulated on the rest;
-when any such name is compared, every policy runs on that same held-out part.
+when any such name is compared, every policy runs on that same held-out part, so the rows of one
+table always share one workload.
 """
 
 from __future__ import annotations
@@ -10,16 +11,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from balanceroute.core.policies import get_policy, policy_names
 from balanceroute.core.policies.base import Policy
+from balanceroute.core.policies.variants import (
+    ALL_POLICY_NAMES,
+    BRH_VARIANTS,
+    accepted_policy_names,
+    build_policy,
+)
+from balanceroute.core.predictors.base import split_workload
 from balanceroute.core.workloads.base import Workload
 
-__all__ = ["PolicyFactory", "all_policy_names", "make_factory"]
+__all__ = ["PolicyFactory", "all_policy_names", "default_policy_names", "make_factory"]
+
+
+def default_policy_names() -> list[str]:
+    """The rows of ``compare`` when ``--policies`` is not given (the paper's Table 1)."""
+    return list(ALL_POLICY_NAMES)
 
 
 def all_policy_names() -> list[str]:
     """Every name ``compare`` accepts: the registry plus predictor-bound variants."""
-    return policy_names()
+    return accepted_policy_names()
 
 
 @dataclass(slots=True)
@@ -32,7 +44,8 @@ class PolicyFactory:
     seed: int
 
     def __call__(self, name: str) -> Policy:
-        return get_policy(name, seed=self.seed)
+        return build_policy(name, train=self.train_workload, test=self.test_workload,
+                            num_replicas=self.num_replicas, seed=self.seed)
 
 
 def make_factory(
@@ -43,7 +56,12 @@ def make_factory(
     train_fraction: float = 0.5,
     names: Sequence[str] | None = None,
 ) -> PolicyFactory:
-    """A factory for ``names`` on ``workload`` (split into train/test only when needed)."""
+    """A factory for ``names`` on ``workload``: split into train/test when any name needs a
+    predictor (``names=None`` means the default rows, which do)."""
     if not 0.0 < train_fraction < 1.0:
         raise ValueError(f"{train_fraction=} must be in (0, 1)")
+    names = default_policy_names() if names is None else list(names)
+    if any(n in BRH_VARIANTS for n in names):
+        train, test = split_workload(workload, train_fraction)
+        return PolicyFactory(test, train, num_replicas, seed)
     return PolicyFactory(workload, None, num_replicas, seed)

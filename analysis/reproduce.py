@@ -147,9 +147,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache", action="store_true",
                    help="recompute every cell (results still refresh <out>/cache/)")
     p.add_argument("--only", default=None, metavar="EXP[,EXP]",
-                   help="run only these experiments (table1, scaling, step_model, tick_timing, "
-                        "balls_into_bins, tick_gap, clairvoyant_gap, competitive_ratio); the "
-                        "report still covers every CSV present")
+                   help="run only these experiments (table1, table1_calibrated, scaling, "
+                        "step_model, slots, tick_timing, balls_into_bins, tick_gap, "
+                        "clairvoyant_gap, competitive_ratio); the report still covers every CSV "
+                        "present")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: redraw the figures and REPORT.md from <out>/data/*.csv")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+
 from balanceroute.core.policies.base import Policy
 
 from .ledger import Ledger, Ticket

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from balanceroute.core.simulator import StepModel
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from numpy.typing import NDArray
@@ -41,6 +40,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import ClientDisconnect
+
+from balanceroute.core.simulator import StepModel
 
 from .protocol import SSE_DONE, error_body, words_prompt_tokens
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from balanceroute.core.policies.base import Policy
 from balanceroute.core.state import Assignment, ClusterState, PoolView, validate_assignment
 

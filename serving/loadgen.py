@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import httpx
 import numpy as np
+
 from balanceroute.core.workloads.base import Workload
 
 __all__ = ["LoadgenConfig", "RequestRecord", "run_load", "run_load_sync"]

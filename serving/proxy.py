@@ -30,10 +30,11 @@ from typing import Any
 
 import anyio
 import httpx
-from balanceroute.core.policies.base import Policy
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from balanceroute.core.policies.base import Policy
 
 from .config import ProxyConfig
 from .dispatch import Dispatcher, LeaseExpired

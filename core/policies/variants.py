@@ -75,7 +75,10 @@ def build_policy(
             raise ValueError(f"policy {name!r}: {exc}") from None
         return policy.bind(test)
     if name == "brh":
-        return get_policy(name, **params).bind(test)
+        try:
+            return BRHPolicy(**params).bind(test)
+        except TypeError as exc:
+            raise ValueError(f"policy 'brh': {exc}") from None
     if name not in accepted_policy_names():
         raise ValueError(f"unknown policy {name!r}; valid: {', '.join(accepted_policy_names())}")
     return get_policy(name, seed=seed, **params)

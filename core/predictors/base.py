@@ -95,7 +95,10 @@ class Predictor(Protocol):
     its output is known to exceed a).
     """
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The registry name (``survival``, ``oracle``, …)."""
+        ...
 
     def predict(
         self, features: RequestFeatures, ages: NDArray, horizon: int

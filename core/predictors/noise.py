@@ -38,4 +38,5 @@ class NoisePredictor:
         """Fresh uniform draws for every row."""
         horizon = check_horizon(horizon)
         n = np.asarray(ages).shape[0]
-        return self.rng.uniform(0.0, 1.0, n), self.rng.uniform(1.0, float(horizon), n)
+        p_fin = np.asarray(self.rng.uniform(0.0, 1.0, n), dtype=np.float64)
+        return p_fin, np.asarray(self.rng.uniform(1.0, float(horizon), n), dtype=np.float64)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from balanceroute.analysis import experiments
 from balanceroute.analysis.reproduce import reproduce
 from balanceroute.analysis.sweep import read_csv
@@ -11,6 +12,7 @@ pytest.importorskip("matplotlib", reason="the `plot` extra (matplotlib) is not i
 
 TINY = experiments.Profile(
     name="test", slots=8, policies=("random", "jsq", "br0"), table1_workloads=("servegen-r1",),
+    calibrated_workloads=("servegen-r1",),
     table1_requests=400, table1_replay_requests=400, seeds=(0,),
     scaling_workloads=("azure-conv-2023",), scaling_replicas=(2, 4), scaling_base=300,
     scaling_per_slot=4, scaling_cap=600, step_workload="azure-conv-2023", step_requests=300,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from balanceroute.analysis.sweep import Cell, read_csv, run_cell, run_grid, write_csv
 
 CALLS: list[Cell] = []

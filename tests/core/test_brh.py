@@ -248,12 +248,11 @@ def test_noise_predictor_does_not_hurt_thanks_to_the_gate():
     for seed in range(6):
         train, test = split_workload(lognormal_workload(3000, seed=seed, output_mu=6.5), 0.5)
         base = simulate(test, get_policy("br0"), cfg).metrics
-
-        def run(**params):
-            policy = build_policy("brh-noise", train=train, test=test, num_replicas=8, seed=seed, **params)
-            return simulate(test, policy, cfg).metrics
-
-        noisy, raw = run(), run(gate=0.0)
+        noisy, raw = (
+            simulate(test, build_policy("brh-noise", train=train, test=test, num_replicas=8,
+                                        seed=seed, gate=gate), cfg).metrics
+            for gate in (0.5, 0.0)
+        )
         gated.append(noisy["mean_imbalance"] / base["mean_imbalance"])
         ungated.append(raw["mean_imbalance"] / base["mean_imbalance"])
         throughput.append(noisy["throughput_tok_s"] / base["throughput_tok_s"])

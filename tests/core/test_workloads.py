@@ -9,6 +9,7 @@ from importlib import resources
 
 import numpy as np
 import pytest
+
 from balanceroute.core.workloads import (
     WORKLOADS,
     LengthBounds,

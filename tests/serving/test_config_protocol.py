@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from balanceroute.serving.config import ProxyConfig, load_config_file
 from balanceroute.serving.protocol import (
     ApiError,

@@ -9,6 +9,7 @@ import random
 import httpx
 import openai
 import pytest
+
 from balanceroute.serving.emulator import emulated_text
 
 from .conftest import assert_drained, running_emulator, running_proxy, wait_until

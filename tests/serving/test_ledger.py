@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from balanceroute.core.policies import get_policy
-from balanceroute.serving.ledger import Ledger, NoReplica, PoolFull
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from balanceroute.core.policies import get_policy
+from balanceroute.serving.ledger import Ledger, NoReplica, PoolFull
 
 
 def test_worked_example_imbalance() -> None:

@@ -5,6 +5,7 @@ measures it. A small version of ``benchmarks/bench_proxy.py --section policies``
 from __future__ import annotations
 
 import numpy as np
+
 from balanceroute.core.simulator import StepModel
 from balanceroute.core.workloads.base import Workload
 from balanceroute.serving.loadgen import LoadgenConfig, run_load_sync

@@ -7,6 +7,7 @@ import json
 
 import httpx
 import pytest
+
 from balanceroute.serving.protocol import NIXL_PREFILL_PARAMS
 
 from .conftest import (

@@ -8,6 +8,7 @@ import itertools
 
 import numpy as np
 import pytest
+
 from balanceroute.core.policies import policy_names
 from balanceroute.solvers import ClairvoyantInstance, get_solver
 from balanceroute.solvers.bounds import clairvoyant_lp_bound, clairvoyant_trivial_bound

@@ -6,10 +6,10 @@ import csv
 
 import numpy as np
 import pytest
-from balanceroute.solvers.factories import random_tick_instance
-from balanceroute.solvers.gap import heuristic_gap, summarize, tick_gap_rows
 
 from balanceroute.cli import main
+from balanceroute.solvers.factories import random_tick_instance
+from balanceroute.solvers.gap import heuristic_gap, summarize, tick_gap_rows
 
 
 def test_heuristic_gap_signs() -> None:

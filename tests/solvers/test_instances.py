@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from balanceroute.solvers import ClairvoyantInstance, TickInstance, load_instance, save_instance
 from balanceroute.solvers.factories import tiny_clairvoyant_instance, tiny_tick_instance
 

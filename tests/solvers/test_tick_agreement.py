@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from balanceroute.solvers import get_solver
 from balanceroute.solvers.bounds import tick_lp_bound, tick_trivial_bound
 from balanceroute.solvers.factories import tiny_tick_instance

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from balanceroute.core.model import imbalance
 from balanceroute.solvers import TickInstance, get_solver, solver_names
 from balanceroute.solvers.tick_eval import f_score_sum, policy_tick, post_tick_imbalance

@@ -1,0 +1,285 @@
+"""Straightforward pure-Python references: the yardsticks of the benchmarks and the tests.
+
+``reference_tick`` is DESIGN §2 written literally with lists and a heap, no numpy. It must make
+the same decisions as :func:`balanceroute.core.two_stage.two_stage_assign` (a test checks it).
+
+``naive_simulate`` is DESIGN §1's dynamics written the obvious way: one Python object per
+request, a list of slots per replica, loads summed from the running requests every step. It
+must produce the same outcomes and metrics as :func:`balanceroute.core.simulator.simulate` (a
+test checks it); ``balanceroute bench`` times the simulator against it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+
+__all__ = ["naive_simulate", "reference_tick"]
+
+
+def _score(delta: float, margin: list[float], d: list[float], alpha: float, beta: float) -> float:
+    total = 0.0
+    for dh, mh in zip(d, margin):
+        total += dh * max(delta - mh, 0.0)
+    return alpha * sum(d) * delta - beta * total
+
+
+def reference_tick(
+    proj_loads: list[list[float]],
+    free_slots: list[int],
+    prompt_len: list[int],
+    wait: list[float],
+    *,
+    d: list[float],
+    alpha: float,
+    beta: float,
+    s_greedy: int,
+    r_max: int,
+    deadline_s: float,
+    growth: list[list[float]] | None = None,
+) -> list[tuple[int, int]]:
+    """One tick; returns ``[(pool_index, replica), ...]`` in decision order."""
+    loads = [list(row) for row in proj_loads]
+    free = list(free_slots)
+    horizon = len(d)
+    alive = [True] * len(prompt_len)
+    out: list[tuple[int, int]] = []
+    remaining = min(sum(free), len(prompt_len))
+
+    def env() -> list[float]:
+        return [max(row[h] for row in loads) for h in range(horizon)]
+
+    def margin(g: int) -> list[float]:
+        e = env()
+        return [e[h] - loads[g][h] for h in range(horizon)]
+
+    def place(i: int, g: int) -> None:
+        for h in range(horizon):
+            loads[g][h] += prompt_len[i] + (growth[i][h] if growth is not None else 0.0)
+        free[g] -= 1
+        alive[i] = False
+        out.append((i, g))
+
+    late = sorted((i for i in range(len(wait)) if wait[i] >= deadline_s), key=lambda i: -wait[i])
+    for i in late:
+        if len(out) == remaining:
+            break
+        best = max(
+            (g for g in range(len(free)) if free[g] > 0),
+            key=lambda g: (_score(prompt_len[i], margin(g), d, alpha, beta), free[g], margin(g)[0], -g),
+        )
+        place(i, best)
+
+    while len(out) < remaining and sum(free) > s_greedy:
+        g = min((g for g in range(len(free)) if free[g] > 0), key=lambda g: (-free[g], loads[g][0], g))
+        m = margin(g)
+        i = max((i for i in range(len(alive)) if alive[i]),
+                key=lambda i: (_score(prompt_len[i], m, d, alpha, beta), -i))
+        place(i, g)
+
+    while len(out) < remaining:
+        e0 = env()[0]
+        heap = [(-free[g], -(e0 - loads[g][0]), g) for g in range(len(free)) if free[g] > 0]
+        heapq.heapify(heap)
+        _, _, g = heapq.heappop(heap)
+        m = margin(g)
+        ranked = sorted((i for i in range(len(alive)) if alive[i]),
+                        key=lambda i: (-_score(prompt_len[i], m, d, alpha, beta), i))
+        cand = ranked[:r_max]
+        cap = min(free[g], len(cand))
+        best_q: tuple[int, ...] = ()
+        best_f = float("-inf")
+        for size in range(1, cap + 1):
+            for q in combinations(range(len(cand)), size):
+                f = _score(sum(prompt_len[cand[j]] for j in q), m, d, alpha, beta)
+                if f > best_f:
+                    best_q, best_f = q, f
+        chosen = [cand[j] for j in best_q] if best_f > 0 else [cand[0]]
+        for i in chosen:
+            place(i, g)
+    return out
+
+
+# ------------------------------------------------------------------------ naive simulator
+
+
+class _Request:
+    """One request and everything that happens to it."""
+
+    __slots__ = ("rid", "prompt", "output", "age", "ready", "joined", "replica", "start",
+                 "finish", "tick_time", "first_time", "finish_time")
+
+    def __init__(self, rid: int, prompt: int, output: int, ready: float) -> None:
+        self.rid, self.prompt, self.output, self.ready = rid, prompt, output, ready
+        self.age = 0
+        self.joined = ready
+        self.replica = self.start = self.finish = -1
+        self.tick_time = self.first_time = self.finish_time = float("nan")
+
+
+class _Replica:
+    """B slots, each empty or holding one running request."""
+
+    __slots__ = ("slots",)
+
+    def __init__(self, slots: int) -> None:
+        self.slots: list[_Request | None] = [None] * slots
+
+    def running(self) -> list[_Request]:
+        return [r for r in self.slots if r is not None]
+
+    def load(self) -> int:
+        return sum(r.prompt + r.age for r in self.slots if r is not None)
+
+
+def naive_simulate(workload: Any, policy: Any, config: Any, *,
+                   time_limit_s: float | None = None) -> dict[str, Any]:
+    """DESIGN §1's dynamics with per-request objects; ``policy.assign`` decides each tick.
+
+    Returns ``{"metrics": ..., "replica", "start_step", "finish_step", "ttft_s", "tpot_s",
+    "pool_wait_s"}`` shaped like :class:`~balanceroute.core.simulator.SimResult`. With
+    ``time_limit_s`` it stops after that much wall time and returns only
+    ``{"steps": k, "seconds": t, "partial": True}`` (for timing a rate).
+    """
+    from balanceroute.core.state import ClusterState, PoolView
+
+    g_count, b_slots = config.num_replicas, config.slots
+    saturated = config.mode == "saturated"
+    n = len(workload)
+    if saturated:
+        arrival = [float("nan")] * n
+    else:
+        arrival = [float(a) / config.rate_scale for a in workload.arrival_s]
+    requests = [
+        _Request(i, int(s), int(o), arrival[i] + config.prefill_delay_s)
+        for i, (s, o) in enumerate(zip(workload.prompt_len.tolist(), workload.output_len.tolist()))
+    ]
+    replicas = [_Replica(b_slots) for _ in range(g_count)]
+    pool: list[_Request] = []
+    nxt = k = finished = generated = 0
+    now = sum_i = sum_gm = sum_tau = 0.0
+    loaded = (0.0, 0.0, 0)
+    step = config.step_model
+    t0 = time.perf_counter()
+    while finished < n:
+        if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
+            return {"steps": k, "seconds": time.perf_counter() - t0, "partial": True}
+        if saturated:
+            while len(pool) < config.pool_target and nxt < n:
+                requests[nxt].joined = now
+                pool.append(requests[nxt])
+                nxt += 1
+        else:
+            while nxt < n and requests[nxt].ready <= now:
+                pool.append(requests[nxt])
+                nxt += 1
+
+        chosen: list[_Request] = []
+        running = [rep.running() for rep in replicas]
+        if pool and sum(b_slots - len(r) for r in running):
+            active = [(g, slot, req) for g, rep in enumerate(replicas)
+                      for slot, req in enumerate(rep.slots) if req is not None]
+            state = ClusterState(
+                loads=np.array([rep.load() for rep in replicas], dtype=np.int64),
+                free_slots=np.array([b_slots - len(r) for r in running], dtype=np.int64),
+                num_active=np.array([len(r) for r in running], dtype=np.int64), step=k, now=now,
+                active_replica=np.array([g for g, _, _ in active], dtype=np.int64),
+                active_prompt=np.array([r.prompt for _, _, r in active], dtype=np.int64),
+                active_age=np.array([r.age for _, _, r in active], dtype=np.int64),
+                active_ids=np.array([r.rid for _, _, r in active], dtype=np.int64),
+            )
+            view = PoolView(
+                prompt_len=np.array([r.prompt for r in pool], dtype=np.int64),
+                wait=np.array([now - r.joined for r in pool], dtype=np.float64),
+                request_ids=np.array([r.rid for r in pool], dtype=np.int64),
+            )
+            decision = policy.assign(state, view)
+            for j, g in zip(decision.pool_index.tolist(), decision.replica.tolist()):
+                req = pool[j]
+                rep = replicas[g]
+                rep.slots[rep.slots.index(None)] = req
+                req.replica, req.start, req.tick_time = g, k, now
+                chosen.append(req)
+            taken = {id(r) for r in chosen}
+            pool = [r for r in pool if id(r) not in taken]
+
+        loads = [rep.load() for rep in replicas]
+        counts = [len(rep.running()) for rep in replicas]
+        if not any(counts):
+            if not pool and nxt < n and not saturated:
+                now = max(now, requests[nxt].ready)
+                continue
+            raise RuntimeError("no request is running and none can be assigned")
+        envelope = max(loads)
+        imb = g_count * envelope - sum(loads)
+        if step.c == 0.0:
+            tau = step.b + step.a * float(envelope)
+        else:
+            tau = step.b + max(step.a * float(L) + step.c * float(c) for L, c in zip(loads, counts))
+        now += tau
+        sum_i += imb
+        sum_gm += g_count * envelope
+        sum_tau += tau
+        if chosen:
+            loaded = (sum_i, sum_gm, k + 1)
+            for req in chosen:
+                req.first_time = now
+        for rep in replicas:
+            for slot, req in enumerate(rep.slots):
+                if req is None:
+                    continue
+                req.age += 1
+                generated += 1
+                if req.age == req.output:
+                    req.finish, req.finish_time = k, now
+                    rep.slots[slot] = None
+                    finished += 1
+        k += 1
+
+    out = np.array([r.output for r in requests], dtype=np.int64)
+    first = np.array([r.first_time for r in requests])
+    last = np.array([r.finish_time for r in requests])
+    joined = np.array([r.joined for r in requests])
+    ticked = np.array([r.tick_time for r in requests])
+    arrived = joined if saturated else np.array(arrival)
+    multi = out > 1
+    tpot = np.full(n, np.nan)
+    tpot[multi] = (last[multi] - first[multi]) / (out[multi] - 1)
+    ttft = first - arrived
+    wait = ticked - joined
+
+    def pct(values: np.ndarray, prefix: str, scale: float) -> dict[str, float]:
+        p50, p95, p99 = np.percentile(values, [50, 95, 99]) * scale
+        return {f"{prefix}_p50": float(p50), f"{prefix}_p95": float(p95), f"{prefix}_p99": float(p99)}
+
+    loaded_i, loaded_gm, loaded_steps = loaded
+    metrics = {
+        "requests": float(n),
+        "generated_tokens": float(generated),
+        "steps": float(k),
+        "loaded_steps": float(loaded_steps),
+        "mean_imbalance": loaded_i / max(loaded_steps, 1),
+        "mean_imbalance_all": sum_i / k,
+        "barrier_idle_fraction": loaded_i / loaded_gm if loaded_gm else 0.0,
+        "throughput_tok_s": generated / sum_tau,
+        "busy_time_s": sum_tau,
+        "makespan_s": now,
+        "mean_step_ms": 1e3 * sum_tau / k,
+        **pct(tpot[multi], "tpot_ms", 1e3),
+        **pct(ttft, "ttft_s", 1.0),
+        "pool_wait_mean_s": float(np.mean(wait)),
+        "pool_wait_p99_s": float(np.percentile(wait, 99)),
+    }
+    return {
+        "metrics": metrics,
+        "replica": np.array([r.replica for r in requests], dtype=np.int64),
+        "start_step": np.array([r.start for r in requests], dtype=np.int64),
+        "finish_step": np.array([r.finish for r in requests], dtype=np.int64),
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "pool_wait_s": wait,
+    }

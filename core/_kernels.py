@@ -1,0 +1,450 @@
+"""The numba kernels of the tick and of the fused simulation loop.
+
+They live in one file on purpose: numba's on-disk cache (``cache=True``) is invalidated only by
+edits to the file that defines a function, and the fused loop compiles the two-stage tick into
+itself, so a loop cached in another file could outlive an edit of the tick.
+
+* :func:`two_stage_kernel` — the tick of :func:`~balanceroute.core.two_stage.two_stage_assign`;
+* :func:`fifo_choose` — JSQ, LeastLoad and RoundRobin's choice of replica;
+* :func:`simulate_loop` — the simulation loop of :mod:`~balanceroute.core.fused`.
+
+No fastmath anywhere: every floating-point operation keeps its written order, which is what
+makes the results equal to the references bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._jit import njit
+
+TWO_STAGE, JSQ, LEAST_LOAD, ROUND_ROBIN = 0, 1, 2, 3
+"""Policy kinds of the fused loop."""
+
+# int state slots of the fused loop
+K, NXT, FINISHED, GENERATED, POOL_N, LOADED_STEPS, CURSOR, STATUS, N_SERIES = range(9)
+# float state slots
+NOW, SUM_I, SUM_GM, SUM_TAU, LOADED_I, LOADED_GM = range(6)
+# statuses
+RUNNING, DONE, MAX_STEPS, STUCK = 0, 1, 2, 3
+
+
+# -------------------------------------------------------------------------- two-stage tick
+# The reference's arithmetic, in its order: F = (α·Σ_h d_h)·Δ − β·Σ_h d_h·max(Δ − m_h, 0) with
+# m_h = M̂(h) − L̂_g(h) and both sums accumulated h = 0, 1, …. A term with Δ ≤ m_h adds ±0.0,
+# which leaves the running sum unchanged, so skipping it is exact (this is what makes the pool
+# scan cheap: only the horizon steps where some pooled request would overflow are visited).
+
+
+@njit
+def _score_one(delta, loads, env, g, d, ad, beta):  # pragma: no cover - compiled
+    """F(Δ) on replica g."""
+    total = 0.0
+    for h in range(d.shape[0]):
+        x = delta - (env[h] - loads[g, h])
+        if x > 0.0:
+            total += d[h] * x
+    return ad * delta - beta * total
+
+
+@njit
+def _pool_scores(sizes, loads, env, g, d, ad, beta, smax, tot, out):  # pragma: no cover
+    """out[j] = F({j}) on replica g for every pooled request j (dead ones included)."""
+    n = sizes.shape[0]
+    for j in range(n):
+        tot[j] = 0.0
+    for h in range(d.shape[0]):
+        m = env[h] - loads[g, h]
+        if m >= smax:  # no pooled request overflows this step's margin
+            continue
+        dh = d[h]
+        for j in range(n):
+            x = sizes[j] - m
+            tot[j] += dh * (x if x > 0.0 else 0.0)
+    for j in range(n):
+        out[j] = ad * sizes[j] - beta * tot[j]
+
+
+@njit
+def _place(i, g, loads, env, sizes, growth, has_growth, free, alive):  # pragma: no cover
+    """Request i joins replica g: L̂_g += s_i (+ growth_i); the envelope follows."""
+    n_rep, width = loads.shape
+    for h in range(width):
+        add = sizes[i] + growth[i, h] if has_growth else sizes[i]
+        loads[g, h] += add
+        if add >= 0.0:
+            if loads[g, h] > env[h]:
+                env[h] = loads[g, h]
+        else:  # a shrinking projection: recompute this step's envelope
+            top = loads[0, h]
+            for r in range(1, n_rep):
+                if loads[r, h] > top:
+                    top = loads[r, h]
+            env[h] = top
+    free[g] -= 1
+    alive[i] = False
+
+
+@njit
+def two_stage_kernel(
+    loads, free, sizes, wait, d, alpha, beta, s_greedy, r_max, deadline_s, growth, has_growth,
+    out_i, out_g,
+):  # pragma: no cover - compiled; tested against the reference through two_stage_assign
+    """The tick of :func:`two_stage_assign` on mutable copies ``loads`` (G, W) and ``free``;
+    writes the decisions to ``out_i``/``out_g`` and returns how many there are."""
+    n_rep, width = loads.shape
+    n_pool = sizes.shape[0]
+    total_d = 0.0
+    for h in range(width):
+        total_d += d[h]
+    ad = alpha * total_d
+    env = np.empty(width)
+    for h in range(width):
+        top = loads[0, h]
+        for g in range(1, n_rep):
+            if loads[g, h] > top:
+                top = loads[g, h]
+        env[h] = top
+    free_sum = 0
+    for g in range(n_rep):
+        free_sum += free[g]
+    remaining = min(free_sum, n_pool)
+    if remaining <= 0:
+        return 0
+    smax = sizes[0]
+    for j in range(1, n_pool):
+        if sizes[j] > smax:
+            smax = sizes[j]
+    alive = np.ones(n_pool, dtype=np.bool_)
+    tot = np.empty(n_pool)
+    f1 = np.empty(n_pool)
+    placed = 0
+
+    # (0) pool deadline, oldest first (stable: ties keep pool order)
+    n_late = 0
+    for j in range(n_pool):
+        if wait[j] >= deadline_s:
+            n_late += 1
+    if n_late > 0:
+        late = np.empty(n_late, dtype=np.int64)
+        k = 0
+        for j in range(n_pool):
+            if wait[j] >= deadline_s:
+                late[k] = j
+                k += 1
+        order = np.argsort(-wait[late], kind="mergesort")
+        for t in range(n_late):
+            if placed == remaining:
+                break
+            i = late[order[t]]
+            best_g = -1
+            best_f = 0.0
+            best_m = 0.0
+            for g in range(n_rep):
+                if free[g] <= 0:
+                    continue
+                f = _score_one(sizes[i], loads, env, g, d, ad, beta)
+                m0 = env[0] - loads[g, 0]
+                if (best_g < 0 or f > best_f
+                        or (f == best_f and (free[g] > free[best_g]
+                                             or (free[g] == free[best_g] and m0 > best_m)))):
+                    best_g, best_f, best_m = g, f, m0
+            _place(i, best_g, loads, env, sizes, growth, has_growth, free, alive)
+            free_sum -= 1
+            out_i[placed] = i
+            out_g[placed] = best_g
+            placed += 1
+
+    # (1) plenty of room: the emptiest replica (ties: lower load) takes the best single request
+    while placed < remaining and free_sum > s_greedy:
+        g = -1
+        for r in range(n_rep):
+            if free[r] > 0 and (g < 0 or free[r] > free[g]
+                                or (free[r] == free[g] and loads[r, 0] < loads[g, 0])):
+                g = r
+        _pool_scores(sizes, loads, env, g, d, ad, beta, smax, tot, f1)
+        i = -1
+        for j in range(n_pool):
+            if alive[j] and (i < 0 or f1[j] > f1[i]):
+                i = j
+        _place(i, g, loads, env, sizes, growth, has_growth, free, alive)
+        free_sum -= 1
+        out_i[placed] = i
+        out_g[placed] = g
+        placed += 1
+
+    # (2) scarce room: best subset of the top r_max candidates for the top replica
+    cand = np.empty(max(r_max, 1), dtype=np.int64)
+    idx = np.empty(max(r_max, 1), dtype=np.int64)
+    best_q = np.empty(max(r_max, 1), dtype=np.int64)
+    while placed < remaining:
+        g = -1
+        best_m = 0.0
+        for r in range(n_rep):
+            if free[r] <= 0:
+                continue
+            m0 = env[0] - loads[r, 0]
+            if g < 0 or free[r] > free[g] or (free[r] == free[g] and m0 > best_m):
+                g, best_m = r, m0
+        _pool_scores(sizes, loads, env, g, d, ad, beta, smax, tot, f1)
+        k = min(r_max, n_pool - placed)
+        n_c = 0  # cand[:n_c]: best F({i}) first, ties in pool order
+        for j in range(n_pool):
+            if not alive[j]:
+                continue
+            v = f1[j]
+            if n_c == k:
+                if not v > f1[cand[k - 1]]:
+                    continue
+                pos = k - 1
+            else:
+                pos = n_c
+                n_c += 1
+            while pos > 0 and f1[cand[pos - 1]] < v:
+                cand[pos] = cand[pos - 1]
+                pos -= 1
+            cand[pos] = j
+        cap = min(free[g], k)
+        best_f = -np.inf
+        best_size = 0
+        for size in range(1, cap + 1):  # subsets by size, then lexicographically
+            for t in range(size):
+                idx[t] = t
+            while True:
+                delta = 0.0
+                for t in range(size):
+                    delta += sizes[cand[idx[t]]]
+                f = _score_one(delta, loads, env, g, d, ad, beta)
+                if f > best_f:
+                    best_f = f
+                    best_size = size
+                    for t in range(size):
+                        best_q[t] = idx[t]
+                t = size - 1
+                while t >= 0 and idx[t] == k - size + t:
+                    t -= 1
+                if t < 0:
+                    break
+                idx[t] += 1
+                for u in range(t + 1, size):
+                    idx[u] = idx[u - 1] + 1
+        if not best_f > 0.0:  # starvation guard: the best single request
+            best_size = 1
+            best_q[0] = 0
+        for t in range(best_size):
+            i = cand[best_q[t]]
+            _place(i, g, loads, env, sizes, growth, has_growth, free, alive)
+            free_sum -= 1
+            out_i[placed] = i
+            out_g[placed] = g
+            placed += 1
+    return placed
+
+
+# ------------------------------------------------------------------------- fused loop
+
+
+@njit
+def fifo_choose(kind, loads, n_act, slots, cursor):  # pragma: no cover - compiled
+    """The replica that takes the pool head: JSQ (fewest running, then KV load), LeastLoad (KV
+    load, then running) or RoundRobin (next with a free slot from ``cursor``); ties: index."""
+    g_count = loads.shape[0]
+    if kind == ROUND_ROBIN:
+        for t in range(g_count):
+            r = (cursor + t) % g_count
+            if n_act[r] < slots:
+                return r
+        return -1
+    g = -1
+    for r in range(g_count):
+        if n_act[r] >= slots:
+            continue
+        if g < 0:
+            g = r
+        elif kind == JSQ:
+            if n_act[r] < n_act[g] or (n_act[r] == n_act[g] and loads[r] < loads[g]):
+                g = r
+        elif loads[r] < loads[g] or (loads[r] == loads[g] and n_act[r] < n_act[g]):
+            g = r
+    return g
+
+
+@njit
+def simulate_loop(
+    prompt, output, ready, saturated, target, g_count, slots, kind, s_greedy, r_max, deadline_s,
+    step_b, step_a, step_c, max_steps, budget, record, replica, start, finish, joined, tick_time,
+    first_time, finish_time, loads, n_act, pool, head, link, ints, floats, series,
+):  # pragma: no cover - compiled; checked against the generic loop by tests/core/test_fast_paths
+    """Advance the simulation by at most ``budget`` steps; returns the (maybe grown) series."""
+    n = prompt.shape[0]
+    ring = head.shape[0]
+    cap = pool.shape[0]
+    k, nxt, finished = ints[K], ints[NXT], ints[FINISHED]
+    generated, pool_n, loaded_steps = ints[GENERATED], ints[POOL_N], ints[LOADED_STEPS]
+    cursor, n_series = ints[CURSOR], ints[N_SERIES]
+    now, sum_i, sum_gm, sum_tau = floats[NOW], floats[SUM_I], floats[SUM_GM], floats[SUM_TAU]
+    loaded_i, loaded_gm = floats[LOADED_I], floats[LOADED_GM]
+    status = RUNNING
+    # tick scratch (BR-0 runs the two-stage kernel on float copies)
+    proj = np.empty((g_count, 1))
+    free = np.empty(g_count, dtype=np.int64)
+    sizes = np.empty(cap)
+    waited = np.empty(cap)
+    out_i = np.empty(cap, dtype=np.int64)
+    out_g = np.empty(cap, dtype=np.int64)
+    taken = np.zeros(cap, dtype=np.bool_)
+    chosen = np.empty(cap, dtype=np.int64)
+    ones = np.ones(1)
+    no_growth = np.zeros((0, 1))
+    beta = float(g_count)
+    steps_here = 0
+    while True:
+        if finished >= n:
+            status = DONE
+            break
+        if k >= max_steps:
+            status = MAX_STEPS
+            break
+        if steps_here >= budget:
+            break
+        # admit: saturated refill, or arrivals whose prefill has completed
+        if saturated:
+            take = min(target - pool_n, n - nxt)
+            for t in range(take):
+                joined[nxt + t] = now
+                pool[pool_n + t] = nxt + t
+        else:
+            take = 0
+            while nxt + take < n and ready[nxt + take] <= now:
+                pool[pool_n + take] = nxt + take
+                take += 1
+        if take > 0:
+            pool_n += take
+            nxt += take
+
+        # (1) the scheduling tick
+        n_chosen = 0
+        free_sum = 0
+        for g in range(g_count):
+            free_sum += slots - n_act[g]
+        if pool_n > 0 and free_sum > 0:
+            if kind == TWO_STAGE:
+                for g in range(g_count):
+                    proj[g, 0] = float(loads[g])
+                    free[g] = slots - n_act[g]
+                for j in range(pool_n):
+                    sizes[j] = float(prompt[pool[j]])
+                    waited[j] = now - joined[pool[j]]
+                n_chosen = two_stage_kernel(
+                    proj, free, sizes[:pool_n], waited[:pool_n], ones, 1.0, beta, s_greedy,
+                    r_max, deadline_s, no_growth, False, out_i, out_g,
+                )
+                for t in range(n_chosen):
+                    rid = pool[out_i[t]]
+                    g = out_g[t]
+                    taken[out_i[t]] = True
+                    chosen[t] = rid
+                    replica[rid] = g
+                    loads[g] += prompt[rid]
+                    n_act[g] += 1
+            else:
+                n_chosen = min(free_sum, pool_n)
+                for t in range(n_chosen):
+                    rid = pool[t]
+                    g = fifo_choose(kind, loads, n_act, slots, cursor)
+                    if kind == ROUND_ROBIN:
+                        cursor = (g + 1) % g_count
+                    taken[t] = True
+                    chosen[t] = rid
+                    replica[rid] = g
+                    loads[g] += prompt[rid]
+                    n_act[g] += 1
+            for t in range(n_chosen):
+                rid = chosen[t]
+                start[rid] = k
+                tick_time[rid] = now
+                end = k + output[rid] - 1
+                link[rid] = head[end % ring]
+                head[end % ring] = rid
+            if n_chosen > 0:  # the rest of the pool keeps its order
+                kept = 0
+                for j in range(pool_n):
+                    if taken[j]:
+                        taken[j] = False
+                    else:
+                        pool[kept] = pool[j]
+                        kept += 1
+                pool_n = kept
+
+        active = 0
+        for g in range(g_count):
+            active += n_act[g]
+        if active == 0:
+            # idle: nothing runs; jump to the next arrival (open loop only)
+            if pool_n == 0 and nxt < n and not saturated:
+                now = max(now, ready[nxt])
+                continue
+            status = STUCK
+            break
+
+        # (2) the step runs on the loads it has
+        envelope = loads[0]
+        total = 0
+        for g in range(g_count):
+            total += loads[g]
+            if loads[g] > envelope:
+                envelope = loads[g]
+        imb = g_count * envelope - total
+        if step_c == 0.0:
+            tau = step_b + step_a * float(envelope)
+        else:
+            top = step_a * float(loads[0]) + step_c * float(n_act[0])
+            for g in range(1, g_count):
+                v = step_a * float(loads[g]) + step_c * float(n_act[g])
+                if v > top:
+                    top = v
+            tau = step_b + top
+        now += tau
+        sum_i += float(imb)
+        sum_gm += float(g_count * envelope)
+        sum_tau += tau
+        if n_chosen > 0:
+            loaded_i, loaded_gm, loaded_steps = sum_i, sum_gm, k + 1
+            for t in range(n_chosen):
+                first_time[chosen[t]] = now
+        if record:
+            if n_series == series.shape[1]:
+                grown = np.empty((6, max(2 * n_series, 1024)))
+                grown[:, :n_series] = series[:, :n_series]
+                series = grown
+            series[0, n_series] = float(imb)
+            series[1, n_series] = float(envelope)
+            series[2, n_series] = float(total)
+            series[3, n_series] = tau
+            series[4, n_series] = float(active)
+            series[5, n_series] = float(pool_n)
+            n_series += 1
+
+        # (3) every active request generates one token; those reaching o_i finish
+        generated += active
+        for g in range(g_count):
+            loads[g] += n_act[g]
+        rid = head[k % ring]
+        head[k % ring] = -1
+        while rid >= 0:
+            g = replica[rid]
+            loads[g] -= prompt[rid] + output[rid]
+            n_act[g] -= 1
+            finish[rid] = k
+            finish_time[rid] = now
+            finished += 1
+            rid = link[rid]
+        k += 1
+        steps_here += 1
+
+    ints[K], ints[NXT], ints[FINISHED] = k, nxt, finished
+    ints[GENERATED], ints[POOL_N], ints[LOADED_STEPS] = generated, pool_n, loaded_steps
+    ints[CURSOR], ints[N_SERIES], ints[STATUS] = cursor, n_series, status
+    floats[NOW], floats[SUM_I], floats[SUM_GM], floats[SUM_TAU] = now, sum_i, sum_gm, sum_tau
+    floats[LOADED_I], floats[LOADED_GM] = loaded_i, loaded_gm
+    return series

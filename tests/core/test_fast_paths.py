@@ -1,0 +1,248 @@
+"""The compiled paths change nothing but speed: the fused simulation loop equals the generic one,
+the tick kernel equals the numpy path and the literal reference, the projection kernels equal
+their numpy expressions, the naive per-request simulator agrees, and the proxy's tick runs the
+same kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from balanceroute.core import fused, projection, two_stage
+from balanceroute.core.policies import get_policy
+from balanceroute.core.policies.jsq import JSQPolicy
+from balanceroute.core.simulator import SimConfig, StepModel, simulate
+from benchmarks.reference import naive_simulate, reference_tick
+from tests.factories import lognormal_workload
+
+FUSED = ("br0", "jsq", "least_load", "round_robin")
+needs_numba = pytest.mark.skipif(not fused.HAVE_NUMBA, reason="numba is not installed")
+
+
+def _assert_same(a, b):
+    assert a.metrics == b.metrics
+    for name in ("replica", "start_step", "finish_step", "ttft_s", "tpot_s", "pool_wait_s"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    if a.series is not None or b.series is not None:
+        assert a.series.keys() == b.series.keys()
+        for key in a.series:
+            np.testing.assert_array_equal(a.series[key], b.series[key], err_msg=key)
+
+
+# --- fused loop == generic loop ------------------------------------------------------------
+
+CASES = [
+    dict(num_replicas=4, slots=8),
+    dict(num_replicas=3, slots=2, pool_size=20, record_series=True),
+    dict(num_replicas=5, slots=4, mode="open_loop", rate_scale=4.0, prefill_delay_s=0.1,
+         record_series=True),
+    dict(num_replicas=2, slots=16, step_model=StepModel(b=0.01, a=1e-6, c=2e-3)),
+    dict(num_replicas=1, slots=3, pool_size=1),
+]
+
+
+@needs_numba
+@pytest.mark.parametrize("name", FUSED)
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_fused_loop_equals_generic_loop(name, case):
+    w = lognormal_workload(700, seed=case, prompt_mu=5.0, output_mu=3.5, rate=30.0)
+    cfg = SimConfig(**CASES[case])
+    _assert_same(simulate(w, get_policy(name), cfg, engine="fused"),
+                 simulate(w, get_policy(name), cfg, engine="generic"))
+
+
+@needs_numba
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from(FUSED), seed=st.integers(0, 10_000), replicas=st.integers(1, 6),
+       slots=st.integers(1, 6), pool=st.integers(1, 16), open_loop=st.booleans())
+def test_fused_loop_equals_generic_loop_on_random_clusters(name, seed, replicas, slots, pool,
+                                                           open_loop):
+    w = lognormal_workload(120, seed=seed, prompt_mu=4.0, output_mu=2.5, rate=50.0)
+    cfg = SimConfig(num_replicas=replicas, slots=slots, pool_size=pool, record_series=True,
+                    mode="open_loop" if open_loop else "saturated")
+    _assert_same(simulate(w, get_policy(name), cfg, engine="fused"),
+                 simulate(w, get_policy(name), cfg, engine="generic"))
+
+
+@needs_numba
+def test_fused_br0_places_late_requests_first_like_the_generic_loop():
+    # a deadline shorter than a step: Stage 0 (oldest first) runs in most ticks
+    w = lognormal_workload(400, seed=3, output_mu=3.0, rate=200.0)
+    cfg = SimConfig(num_replicas=3, slots=4, mode="open_loop")
+    policy = dict(deadline_s=0.05, s_greedy=2, r_max=3)
+    _assert_same(simulate(w, get_policy("br0", **policy), cfg, engine="fused"),
+                 simulate(w, get_policy("br0", **policy), cfg, engine="generic"))
+
+
+@needs_numba
+def test_round_robin_cursor_carries_over_like_the_generic_loop():
+    w = lognormal_workload(50, seed=1, output_mu=2.0)
+    cfg = SimConfig(num_replicas=3, slots=2)
+    a, b = get_policy("round_robin"), get_policy("round_robin")
+    for _ in range(2):  # the second run starts where the first left the cursor
+        _assert_same(simulate(w, a, cfg, engine="fused"), simulate(w, b, cfg, engine="generic"))
+        assert a.cursor == b.cursor
+
+
+def test_engine_choice():
+    w = lognormal_workload(30, seed=0, output_mu=2.0)
+    cfg = SimConfig(num_replicas=2, slots=2)
+    with pytest.raises(ValueError, match="no fused loop"):
+        simulate(w, get_policy("power_of_two"), cfg, engine="fused")
+    with pytest.raises(ValueError, match="engine"):
+        simulate(w, get_policy("jsq"), cfg, engine="turbo")
+
+    class Tweaked(JSQPolicy):  # a subclass may change the rule: it must take the generic path
+        def choose(self, free, loads, active):
+            return int(np.flatnonzero(free > 0)[-1])
+
+    assert fused.fused_policy(Tweaked()) is None
+    assert simulate(w, Tweaked(), cfg).replica.max() == 1
+
+
+@needs_numba
+def test_fused_loop_reports_progress_and_step_limit():
+    w = lognormal_workload(200, seed=2, output_mu=3.0)
+    seen: list[int] = []
+    simulate(w, get_policy("br0"), SimConfig(num_replicas=2, slots=4), progress=seen.append)
+    assert seen and seen[-1] == 200 and seen == sorted(seen)
+    for engine in ("fused", "generic"):
+        with pytest.raises(RuntimeError, match="exceeded 5 steps"):
+            simulate(w, get_policy("br0"), SimConfig(num_replicas=2, slots=4, max_steps=5),
+                     engine=engine)
+
+
+def test_without_numba_the_numpy_paths_give_the_same_results(monkeypatch):
+    w = lognormal_workload(300, seed=4, output_mu=3.0)
+    cfg = SimConfig(num_replicas=3, slots=4, record_series=True)
+    want = simulate(w, get_policy("br0"), cfg)
+    monkeypatch.setattr(fused, "HAVE_NUMBA", False)
+    monkeypatch.setattr(two_stage, "HAVE_NUMBA", False)
+    monkeypatch.setattr(projection, "HAVE_NUMBA", False)
+    assert fused.fused_policy(get_policy("br0")) is None
+    _assert_same(simulate(w, get_policy("br0"), cfg), want)
+
+
+# --- the tick kernel == the numpy path == the reference ---------------------------------------
+
+tick_instances = st.integers(1, 7).flatmap(
+    lambda g: st.tuples(
+        st.lists(st.integers(0, 30_000), min_size=g, max_size=g),
+        st.lists(st.integers(0, 5), min_size=g, max_size=g),
+        st.lists(st.tuples(st.integers(1, 6000), st.sampled_from([0.0, 0.5, 31.0, 45.0])),
+                 max_size=20),
+        st.integers(0, 10),
+        st.integers(1, 6),
+        st.integers(0, 3),
+    )
+)
+
+
+@needs_numba
+@settings(max_examples=300, deadline=None)
+@given(tick_instances, st.data())
+def test_tick_kernel_equals_numpy_path_and_reference(instance, data):
+    loads, free, pool, s_greedy, r_max, horizon = instance
+    prompt = np.array([p for p, _ in pool], dtype=np.int64)
+    wait = np.array([w for _, w in pool])
+    width = horizon + 1
+    # integer loads and power-of-two discounts: every operation is exact, so any summation
+    # order gives the same scores and all three must decide identically
+    steps = data.draw(st.lists(st.integers(-400, 400), min_size=len(loads) * width,
+                               max_size=len(loads) * width))
+    proj = np.array(loads, dtype=float)[:, None] + np.array(steps, dtype=float).reshape(-1, width) \
+        * np.arange(width)
+    dep = np.array(data.draw(st.lists(st.integers(1, width), min_size=len(pool), max_size=len(pool))),
+                   dtype=np.int64)
+    growth = projection.placement_growth(prompt, dep, horizon) if horizon else None
+    kwargs = dict(d=0.5 ** np.arange(width), alpha=1.0, beta=float(2 * len(loads)),
+                  s_greedy=s_greedy, r_max=r_max, deadline_s=30.0)
+    got = two_stage.two_stage_assign(proj, np.array(free), prompt, wait, growth=growth, **kwargs)
+    alt = two_stage._two_stage_numpy(proj, np.array(free), prompt, wait, growth=growth, **kwargs)
+    want = reference_tick(proj.tolist(), free, prompt.tolist(), wait.tolist(),
+                          growth=None if growth is None else growth.tolist(),
+                          **{**kwargs, "d": kwargs["d"].tolist()})
+    pairs = list(zip(got.pool_index.tolist(), got.replica.tolist()))
+    assert pairs == want
+    assert pairs == list(zip(alt.pool_index.tolist(), alt.replica.tolist()))
+
+
+@needs_numba
+def test_tick_kernel_handles_odd_arguments_like_the_numpy_path():
+    loads, free = np.array([[5.0], [9.0]]), np.array([3, 2])
+    prompt, wait = np.array([4, 4, 4, 1]), np.zeros(4)
+    for s_greedy in (-1, 1 << 40):  # Stage 1 only, Stage 2 only (analysis/experiments uses both)
+        kwargs = dict(d=np.ones(1), alpha=1.0, beta=2.0, s_greedy=s_greedy, r_max=4, deadline_s=30.0)
+        a = two_stage.two_stage_assign(loads, free, prompt, wait, **kwargs)
+        b = two_stage._two_stage_numpy(loads, free, prompt, wait, **kwargs)
+        assert a.pool_index.tolist() == b.pool_index.tolist()
+        assert a.replica.tolist() == b.replica.tolist()
+    empty = two_stage.two_stage_assign(loads, free, np.zeros(0, np.int64), np.zeros(0), **kwargs)
+    assert len(empty) == 0
+    with pytest.raises(ValueError, match="r_max"):
+        two_stage.two_stage_assign(loads, free, prompt, wait, **{**kwargs, "r_max": 0})
+
+
+# --- projection kernels == numpy expressions ------------------------------------------------
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=st.data(), replicas=st.integers(1, 6), n=st.integers(0, 40), horizon=st.integers(0, 30))
+def test_projection_kernels_equal_the_numpy_expressions(data, replicas, n, horizon):
+    rep = np.array(data.draw(st.lists(st.integers(0, replicas - 1), min_size=n, max_size=n)), np.int64)
+    base = np.array(data.draw(st.lists(st.integers(1, 9000), min_size=n, max_size=n)), np.int64)
+    dep = np.array(data.draw(st.lists(st.integers(1, horizon + 1), min_size=n, max_size=n)), np.int64)
+    loads = np.bincount(rep, weights=base, minlength=replicas) + 7
+    np.testing.assert_array_equal(projection.project_loads(loads, rep, base, dep, horizon),
+                                  projection._project_loads_numpy(loads, rep, base, dep, horizon))
+    np.testing.assert_array_equal(projection.placement_growth(base, dep, horizon),
+                                  projection._placement_growth_numpy(base, dep, horizon))
+    p = np.array(data.draw(st.lists(st.floats(0, 1) | st.just(float("nan")), min_size=n, max_size=n)))
+    mu = np.array(data.draw(st.lists(st.floats(-5, 200), min_size=n, max_size=n)))
+    if horizon:
+        np.testing.assert_array_equal(projection.departure_steps(p, mu, horizon, gate=0.4),
+                                      projection._departure_steps_numpy(p, mu, horizon, gate=0.4))
+
+
+def test_projection_rejects_out_of_range_like_numpy():
+    with pytest.raises(ValueError):
+        projection.project_loads(np.zeros(2), np.array([0, 5]), np.array([1, 1]), np.array([1, 1]), 3)
+
+
+# --- the naive per-request simulator agrees -------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["br0", "jsq", "least_load", "round_robin", "power_of_two"])
+@pytest.mark.parametrize("mode", ["saturated", "open_loop"])
+def test_naive_reference_simulator_gives_the_same_results(name, mode):
+    w = lognormal_workload(300, seed=5, prompt_mu=5.0, output_mu=3.0, rate=40.0)
+    cfg = SimConfig(num_replicas=3, slots=4, mode=mode, step_model=StepModel(c=1e-3))
+    got = simulate(w, get_policy(name, seed=1), cfg)
+    want = naive_simulate(w, get_policy(name, seed=1), cfg)
+    assert got.metrics == want["metrics"]
+    for key in ("replica", "start_step", "finish_step", "ttft_s", "tpot_s", "pool_wait_s"):
+        np.testing.assert_array_equal(getattr(got, key), want[key], err_msg=key)
+
+
+# --- the proxy's tick is the same kernel ----------------------------------------------------
+
+
+@needs_numba
+def test_serving_ledger_tick_runs_the_compiled_kernel(monkeypatch):
+    from balanceroute.serving.ledger import Ledger
+
+    calls = []
+    kernel = two_stage._two_stage_kernel
+
+    def counting(*args):
+        calls.append(args[0].shape)
+        return kernel(*args)
+
+    monkeypatch.setattr(two_stage, "_two_stage_kernel", counting)
+    led = Ledger([2, 2, 2], pool_capacity=16)
+    for i, s in enumerate((300, 40, 60, 500, 90)):
+        led.enqueue(led.admit(f"r{i}"), s, now=0.0, lease_s=30.0)
+    placed = led.tick(get_policy("br0"), now=0.5)
+    assert len(placed) == 5 and calls == [(3, 1)]
