@@ -190,9 +190,10 @@ def _build_tick_policy(name: str, train: Any, test: Any, horizon: int) -> Any:
     return build_policy("brh-survival", train=train, test=test, num_replicas=0, horizon=horizon)
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[int, Any]:
+def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[int, Any]:
+    """Nanoseconds ``fn(*args, **kwargs)`` took, and its result."""
     t0 = time.perf_counter_ns()
-    out = fn()
+    out = fn(*args, **kwargs)
     return time.perf_counter_ns() - t0, out
 
 
@@ -209,7 +210,7 @@ def _tick_cell(policy: Any, cases: list[tuple[Any, Any]], repeats: int, budget_s
     ``p50_us``/``p99_us`` are percentiles over states of each state's median time (robust to
     preemption on a shared machine); ``p99_raw_us`` is over every single timing.
     """
-    first_ns, _ = _timed(lambda: policy.assign(*cases[0]))
+    first_ns, _ = _timed(policy.assign, *cases[0])
     times = np.empty((repeats, len(cases)), dtype=np.int64)
     decisions = []
     gc_was = gc.isenabled()
@@ -217,7 +218,7 @@ def _tick_cell(policy: Any, cases: list[tuple[Any, Any]], repeats: int, budget_s
     try:
         for rep in range(repeats):
             for j, (state, pool) in enumerate(cases):
-                times[rep, j], out = _timed(lambda s=state, p=pool: policy.assign(s, p))
+                times[rep, j], out = _timed(policy.assign, state, pool)
                 if rep == 0:
                     decisions.append(out)
         ref: list[int] = []
@@ -225,7 +226,7 @@ def _tick_cell(policy: Any, cases: list[tuple[Any, Any]], repeats: int, budget_s
         spent = 0.0
         with _reference_decisions():
             for (state, pool), out in zip(cases, decisions, strict=True):
-                dt, want = _timed(lambda s=state, p=pool: policy.assign(s, p))
+                dt, want = _timed(policy.assign, state, pool)
                 ref.append(dt)
                 same = same and np.array_equal(want.pool_index, out.pool_index) \
                     and np.array_equal(want.replica, out.replica)
@@ -299,13 +300,12 @@ def bench_simulator(cfg: BenchConfig, *, log: Callable[[str], None] = lambda s: 
                                "replicas": g_count, "slots": cfg.slots}
         simulate(workload.take(np.arange(min(200, len(workload)))), get_policy(name), config)  # compile/load
         for engine in ("fused", "generic"):
-            dt, res = _timed(lambda e=engine, p=name: simulate(workload, get_policy(p), config,
-                                                               engine=e))
+            dt, res = _timed(simulate, workload, get_policy(name), config, engine=engine)
             row[f"{engine}_s"] = dt / 1e9
             row[f"{engine}_replica_steps_per_s"] = res.metrics["steps"] * g_count / (dt / 1e9)
             row["steps"] = int(res.metrics["steps"])
-        dt, naive = _timed(lambda p=name: naive_simulate(workload, get_policy(p), config,
-                                                         time_limit_s=cfg.naive_budget_s))
+        dt, naive = _timed(naive_simulate, workload, get_policy(name), config,
+                           time_limit_s=cfg.naive_budget_s)
         partial = bool(naive.get("partial", False))
         row["naive_steps"] = naive["steps"] if partial else int(naive["metrics"]["steps"])
         row["naive_partial"] = partial

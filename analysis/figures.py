@@ -60,15 +60,24 @@ def _plt():
     return plt
 
 
-def _save(fig, path: str | Path) -> Path:
+def _save(fig, path: str | Path, *, layout: bool = True) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     fig.savefig(out)
     import matplotlib.pyplot as plt
 
     plt.close(fig)
     return out
+
+
+def _legend_below(fig, ax, ncol: int = 4) -> None:
+    """One legend for the figure, under the panels (so it never hides data)."""
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, frameon=False,
+               bbox_to_anchor=(0.5, 0.0))
+    fig.tight_layout(rect=(0, 0.06 + 0.045 * math.ceil(len(labels) / ncol), 1, 1))
 
 
 def _order(names: Sequence[str]) -> list[str]:
@@ -201,9 +210,10 @@ def fig_scaling_imbalance(rows: Sequence[dict], path: str | Path) -> Path | None
         ax.set_ylabel("mean imbalance I (tokens, log scale)")
     axes[0][0].plot([], [], "o", mfc="none", mec="black", mew=1.6, ms=9,
                     label="paper, same policy (proprietary data)")
-    axes[0][0].legend(loc="upper left")
-    fig.suptitle("Imbalance versus cluster size (mean over the loaded phase)", fontsize=10)
-    return _save(fig, path)
+    fig.suptitle("Imbalance versus cluster size (mean over the loaded phase, ± sd over seeds)",
+                 fontsize=10)
+    _legend_below(fig, axes[0][0])
+    return _save(fig, path, layout=False)
 
 
 def fig_scaling_gain(rows: Sequence[dict], path: str | Path) -> Path | None:
@@ -221,9 +231,10 @@ def fig_scaling_gain(rows: Sequence[dict], path: str | Path) -> Path | None:
         ax.set_ylabel("throughput gain over JSQ (%)")
     axes[0][0].plot([], [], "o", mfc="none", mec="black", mew=1.6, ms=9,
                     label="paper, same policy (proprietary data)")
-    axes[0][0].legend(loc="upper left")
-    fig.suptitle("Throughput gain over JSQ versus cluster size (loaded phase)", fontsize=10)
-    return _save(fig, path)
+    fig.suptitle("Throughput gain over JSQ versus cluster size (loaded phase, ± sd over seeds)",
+                 fontsize=10)
+    _legend_below(fig, axes[0][0])
+    return _save(fig, path, layout=False)
 
 
 # ------------------------------------------------------------------------------ theory
@@ -257,9 +268,9 @@ def fig_extreme_value(rows: Sequence[dict], path: str | Path) -> Path | None:
         ax.set_xlabel("decode replicas G (log scale)")
         ax.set_ylabel("per-replica gap I/G = max L − mean L (tokens)")
         ax.set_title(f"{w}  ($\\hat\\sigma_L$ = {sigma:,.0f} tokens)")
-    axes[0][0].legend(loc="upper left")
     fig.suptitle("Extreme-value scaling of the per-replica gap", fontsize=10)
-    return _save(fig, path)
+    _legend_below(fig, axes[0][0])
+    return _save(fig, path, layout=False)
 
 
 def fig_balls_into_bins(rows: Sequence[dict], path: str | Path) -> Path | None:
@@ -300,11 +311,12 @@ def fig_balls_into_bins(rows: Sequence[dict], path: str | Path) -> Path | None:
 
 
 def fig_tick_latency(rows: Sequence[dict], path: str | Path) -> Path | None:
-    """Whole-tick latency P50 and P99 versus G per pool size (BR-0, re-timed states; BR-H
-    live if present), with the paper's G = 8 values and the 60 ms decode step."""
-    sel = [r for r in rows if r["regime"] == "all" and (
-        (r["policy"] == "br0" and r["measure"] == "whole")
-        or (r["policy"] != "br0" and r["measure"] == "live"))]
+    """Whole-tick latency P50 and P99 versus G at the default pool 2G (BR-0, re-timed states;
+    BR-H live, if present), with the paper's G = 8 values and the 60 ms decode step."""
+    sel = [r for r in rows if r["regime"] == "all"
+           and int(r["pool_size"]) == 2 * int(r["replicas"]) and (
+               (r["policy"] == "br0" and r["measure"] == "whole")
+               or (r["policy"] != "br0" and r["measure"] == "live"))]
     if not sel:
         return None
     plt = _plt()
@@ -330,8 +342,9 @@ def fig_tick_latency(rows: Sequence[dict], path: str | Path) -> Path | None:
     ax.set_yscale("log")
     ax.set_xlabel("decode replicas G (log scale)")
     ax.set_ylabel("scheduling tick latency (ms, log scale)")
-    ax.set_title("Tick latency on states from saturated runs (Python/numpy)")
-    ax.legend(fontsize=6.5, loc="upper left", ncol=2)
+    ax.set_title("Scheduling tick latency on states from saturated runs (pool 2G, one thread)",
+                 fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
     return _save(fig, path)
 
 
@@ -344,7 +357,7 @@ def fig_tick_stages(rows: Sequence[dict], path: str | Path) -> Path | None:
     if not sel:
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(6.4, 5.0))
     spec = (("stage1_only", "per_request_p50_us", "Stage 1 only: per placed request", "#1b9e77", "-"),
             ("stage2_only", "per_request_p50_us", "Stage 2 only: per placed request", "#d95f02", "-"),
             ("stage2_only", "p50_us", "Stage 2 only: per tick", "#d95f02", "--"),
@@ -363,7 +376,7 @@ def fig_tick_stages(rows: Sequence[dict], path: str | Path) -> Path | None:
     ax.set_xlabel("decode replicas G (log scale)")
     ax.set_ylabel("latency P50 (µs, log scale)")
     ax.set_title("Where a tick's time goes: Stage 1 vs Stage 2 (BR-0, pool 2G)")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     return _save(fig, path)
 
 

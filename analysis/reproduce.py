@@ -40,10 +40,15 @@ class ReproduceResult:
 
 
 def draw_figures(out: Path) -> dict[str, Path]:
-    """Draw every figure whose CSV exists under ``<out>/data``; returns name → path."""
+    """Draw every figure whose CSV exists under ``<out>/data``; returns name → path (none
+    without matplotlib, the `plot` extra: the report then has tables only)."""
+    import importlib.util
+
     from .figures import FIGURES
     from .sweep import read_csv
 
+    if importlib.util.find_spec("matplotlib") is None:
+        return {}
     drawn: dict[str, Path] = {}
     for name, (experiment, draw) in FIGURES.items():
         csv_path = out / "data" / f"{experiment}.csv"

@@ -82,6 +82,7 @@ _SUMMARY_METRICS = (
     "mean_imbalance", "tpot_ms_p95", THROUGHPUT, "throughput_tok_s", "gain_vs_best_baseline_pct",
     "gain_vs_jsq_pct", "imbalance_vs_jsq", "barrier_idle_fraction", "load_std_mean",
     "load_gap_mean", "envelope_mean", "mean_step_ms", "test_requests", "pool_wait_p99_s",
+    "pool_wait_mean_s", "ttft_s_p99",
 )
 
 

@@ -448,3 +448,83 @@ def simulate_loop(
     floats[NOW], floats[SUM_I], floats[SUM_GM], floats[SUM_TAU] = now, sum_i, sum_gm, sum_tau
     floats[LOADED_I], floats[LOADED_GM] = loaded_i, loaded_gm
     return series
+
+
+# ------------------------------------------------------------- generic loop: tickless steps
+
+
+@njit
+def skip_tickless_steps(
+    prompt, output, ready, saturated, pool_len, target, nxt, g_count, slots, step_b, step_a,
+    step_c, max_steps, loads, n_act, slot_req, slot_end, finish, finish_time, ints, floats,
+    block,
+):  # pragma: no cover - compiled; the generic loop's tests cover it
+    """Run the generic loop's steps at whose start nothing would be admitted or assigned — every
+    slot busy or the pool empty, no arrival due — doing exactly its steps (2) and (3) on its
+    slot table. Stops before a step that needs Python (admission, a tick, idling), at the end or
+    at the step limit. ``ints`` = (k, finished, generated), ``floats`` = (now, Σ I, Σ G·M, Σ τ);
+    with a non-empty ``block`` (6, m) the per-step series of up to m steps is written to it.
+    Returns the number of steps run."""
+    n = prompt.shape[0]
+    k, finished, generated = ints[0], ints[1], ints[2]
+    now, sum_i, sum_gm, sum_tau = floats[0], floats[1], floats[2], floats[3]
+    width = block.shape[1]
+    ran = 0
+    if saturated and pool_len < target and nxt < n:
+        return 0  # the pool is refilled at the start of the next step
+    while finished < n and k < max_steps:
+        if width > 0 and ran == width:
+            break
+        if not saturated and nxt < n and ready[nxt] <= now:
+            break
+        active = 0
+        for g in range(g_count):
+            active += n_act[g]
+        if active == 0 or (pool_len > 0 and active < g_count * slots):
+            break
+        envelope = loads[0]
+        total = 0
+        for g in range(g_count):
+            total += loads[g]
+            if loads[g] > envelope:
+                envelope = loads[g]
+        imb = g_count * envelope - total
+        if step_c == 0.0:
+            tau = step_b + step_a * float(envelope)
+        else:
+            top = step_a * float(loads[0]) + step_c * float(n_act[0])
+            for g in range(1, g_count):
+                v = step_a * float(loads[g]) + step_c * float(n_act[g])
+                if v > top:
+                    top = v
+            tau = step_b + top
+        now += tau
+        sum_i += float(imb)
+        sum_gm += float(g_count * envelope)
+        sum_tau += tau
+        if width > 0:
+            block[0, ran] = float(imb)
+            block[1, ran] = float(envelope)
+            block[2, ran] = float(total)
+            block[3, ran] = tau
+            block[4, ran] = float(active)
+            block[5, ran] = float(pool_len)
+        generated += active
+        for g in range(g_count):
+            loads[g] += n_act[g]
+        for slot in range(slot_end.shape[0]):
+            if slot_end[slot] == k:
+                rid = slot_req[slot]
+                g = slot // slots
+                loads[g] -= prompt[rid] + output[rid]
+                n_act[g] -= 1
+                slot_req[slot] = -1
+                slot_end[slot] = -1
+                finish[rid] = k
+                finish_time[rid] = now
+                finished += 1
+        k += 1
+        ran += 1
+    ints[0], ints[1], ints[2] = k, finished, generated
+    floats[0], floats[1], floats[2], floats[3] = now, sum_i, sum_gm, sum_tau
+    return ran

@@ -21,6 +21,8 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from ._jit import HAVE_NUMBA
+from ._kernels import skip_tickless_steps
 from .fused import fused_policy, run_fused
 from .policies.base import Policy
 from .state import ClusterState, PoolView, validate_assignment
@@ -151,6 +153,15 @@ class _Series:
             self.cols[key][self.n] = value
         self.n += 1
 
+    def extend(self, block: NDArray) -> None:
+        """Append the columns of ``block`` (one row per series, in ``names`` order)."""
+        m = block.shape[1]
+        while self.n + m > next(iter(self.cols.values())).shape[0]:
+            self.cols = {k: np.concatenate([v, np.empty_like(v)]) for k, v in self.cols.items()}
+        for row, col in zip(block, self.cols.values(), strict=True):
+            col[self.n:self.n + m] = row
+        self.n += m
+
     def arrays(self) -> dict[str, NDArray]:
         return {k: v[: self.n].copy() for k, v in self.cols.items()}
 
@@ -214,8 +225,8 @@ def simulate(
         raise ValueError("the workload has no requests")
     if engine not in ("auto", "fused", "generic"):
         raise ValueError(f"{engine=} must be 'auto', 'fused' or 'generic'")
-    prompt = workload.prompt_len.astype(np.int64)
-    output = workload.output_len.astype(np.int64)
+    prompt = np.ascontiguousarray(workload.prompt_len, dtype=np.int64)
+    output = np.ascontiguousarray(workload.output_len, dtype=np.int64)
     saturated = config.mode == "saturated"
     if saturated:
         ready = np.full(n, np.nan)
@@ -262,7 +273,9 @@ def _run_fused(prompt, output, ready, policy, spec, config, progress) -> _Raw:
 
 
 def _run_generic(prompt, output, ready, policy, config, progress) -> _Raw:
-    """The reference loop: ``policy.assign`` through the contract, every tick."""
+    """The generic loop: ``policy.assign`` through the contract, every tick. Steps at whose
+    start nothing is admitted or assigned (every slot busy or the pool empty) run in a
+    compiled helper that does exactly what the Python body below does for them."""
     n = prompt.shape[0]
     g_count, b_slots = config.num_replicas, config.slots
     saturated = config.mode == "saturated"
@@ -289,7 +302,32 @@ def _run_generic(prompt, output, ready, policy, config, progress) -> _Raw:
     series = _Series(_SERIES) if config.record_series else None
     target = config.pool_target
 
+    # steps with nothing to admit or assign run compiled (same arithmetic, same order)
+    skip = HAVE_NUMBA
+    if skip:
+        step = config.step_model
+        ints = np.zeros(3, dtype=np.int64)
+        floats = np.zeros(4, dtype=np.float64)
+        block = np.empty((6, 4096 if series is not None else 0), dtype=np.float64)
+
     while finished < n:
+        if skip:
+            ints[:] = (k, finished, generated)
+            floats[:] = (now, sum_i, sum_gm, sum_tau)
+            ran = skip_tickless_steps(
+                prompt, output, ready, saturated, pool.shape[0], target, nxt, g_count, b_slots,
+                step.b, step.a, step.c, config.max_steps, loads, n_act, slot_req, slot_end,
+                finish, finish_time, ints, floats, block,
+            )
+            if ran:
+                before = finished
+                k, finished, generated = (int(x) for x in ints)
+                now, sum_i, sum_gm, sum_tau = (float(x) for x in floats)
+                if series is not None:
+                    series.extend(block[:, :ran])
+                if progress is not None and finished != before:
+                    progress(finished)
+                continue
         if k >= config.max_steps:
             raise RuntimeError(f"simulation exceeded {config.max_steps} steps")
         # admit: saturated refill, or arrivals whose prefill has completed

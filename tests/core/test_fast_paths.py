@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balanceroute.core import fused, projection, two_stage
+from balanceroute.core import fused, projection, simulator, two_stage
 from balanceroute.core.policies import get_policy
 from balanceroute.core.policies.jsq import JSQPolicy
 from balanceroute.core.simulator import SimConfig, StepModel, simulate
@@ -121,6 +121,7 @@ def test_without_numba_the_numpy_paths_give_the_same_results(monkeypatch):
     monkeypatch.setattr(fused, "HAVE_NUMBA", False)
     monkeypatch.setattr(two_stage, "HAVE_NUMBA", False)
     monkeypatch.setattr(projection, "HAVE_NUMBA", False)
+    monkeypatch.setattr(simulator, "HAVE_NUMBA", False)
     assert fused.fused_policy(get_policy("br0")) is None
     _assert_same(simulate(w, get_policy("br0"), cfg), want)
 
