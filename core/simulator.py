@@ -124,7 +124,10 @@ class SimResult:
     request was assigned (after it the cluster only drains). ``mean_imbalance`` is the mean of
     I(k) = G·M(k) − Σ_g L_g(k) over the loaded phase, ``mean_imbalance_all`` over every step;
     ``barrier_idle_fraction`` = Σ I / Σ G·M over the loaded phase (share of replica capacity spent
-    waiting); ``throughput_tok_s`` = Σ o_i / Σ τ(k); TPOT_i = (t_last − t_first) / (o_i − 1) over
+    waiting); ``throughput_tok_s`` = Σ o_i / Σ τ(k) over the whole run (drain included);
+    ``throughput_loaded_tok_s`` = tokens generated in the loaded phase / clock time at its end (the
+    steady-state rate a saturated deployment sees; equal to Σ over the phase of n(k) / Σ τ(k) when
+    there are no idle gaps); TPOT_i = (t_last − t_first) / (o_i − 1) over
     requests with o_i > 1; TTFT_i = end of the first decode step − arrival (includes prefill delay
     and pool wait); pool wait = tick time − time joined the pool.
     """
@@ -442,6 +445,7 @@ def _result(raw: _Raw, n: int, output: NDArray, arrival: NDArray) -> SimResult:
         "mean_imbalance_all": raw.sum_i / k,
         "barrier_idle_fraction": loaded_i / loaded_gm if loaded_gm else 0.0,
         "throughput_tok_s": raw.generated / sum_tau,
+        "throughput_loaded_tok_s": _loaded_throughput(raw, loaded_steps),
         "busy_time_s": sum_tau,
         "makespan_s": raw.now,
         "mean_step_ms": 1e3 * sum_tau / k,
@@ -460,6 +464,18 @@ def _result(raw: _Raw, n: int, output: NDArray, arrival: NDArray) -> SimResult:
         pool_wait_s=wait,
         series=raw.series,
     )
+
+
+def _loaded_throughput(raw: _Raw, loaded_steps: int) -> float:
+    """Tokens generated in steps 0..k_last over the clock time at the end of step k_last."""
+    k_last = loaded_steps - 1
+    if k_last < 0:
+        return float("nan")
+    started = raw.start >= 0
+    active_steps = np.minimum(raw.finish[started], k_last) - raw.start[started] + 1
+    tokens = float(np.clip(active_steps, 0, None).sum())
+    t_end = float(np.max(raw.first_time[raw.start == k_last]))  # the end of step k_last
+    return tokens / t_end if t_end > 0 else float("nan")
 
 
 def _scatter(values: NDArray, mask: NDArray) -> NDArray:

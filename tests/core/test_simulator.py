@@ -33,6 +33,7 @@ def test_hand_computed_run():
     tau0, tau1 = 0.05 + 0.010, 0.05 + 0.011
     assert m["busy_time_s"] == pytest.approx(tau0 + tau1)
     assert m["throughput_tok_s"] == pytest.approx(4 / (tau0 + tau1))
+    assert m["throughput_loaded_tok_s"] == pytest.approx(4 / (tau0 + tau1))  # no drain here
     assert res.replica.tolist() == [0, 1, 1]
     assert res.start_step.tolist() == [0, 0, 1]
     assert res.finish_step.tolist() == [1, 0, 1]
@@ -52,6 +53,10 @@ def test_loaded_phase_ends_at_the_last_assignment():
     series = res.series["imbalance"]
     assert res.metrics["mean_imbalance"] == pytest.approx(series[: last_assign + 1].mean())
     assert res.metrics["mean_imbalance_all"] == pytest.approx(series.mean())
+    k = last_assign + 1
+    loaded_rate = res.series["active"][:k].sum() / res.series["step_time"][:k].sum()
+    assert res.metrics["throughput_loaded_tok_s"] == pytest.approx(loaded_rate)
+    assert res.metrics["throughput_loaded_tok_s"] != pytest.approx(res.metrics["throughput_tok_s"])
 
 
 @pytest.mark.parametrize("name", policy_names())
