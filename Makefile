@@ -1,4 +1,5 @@
-# The two set-up commands of README: `make compare` (main job) and `make test` (test suite).
+# The two set-up commands of README: `make reproduce` (main job) and `make test` (test suite).
+# `make compare` is the lighter policy comparison (base install only).
 # Each creates .venv if needed and installs what it needs into it.
 PY ?= python3
 VENV := .venv
@@ -6,7 +7,7 @@ BIN := $(VENV)/bin
 WORKLOAD ?= servegen-r1
 REPLICAS ?= 8
 
-.PHONY: compare test install install-all lint clean
+.PHONY: reproduce compare test install install-all lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -25,6 +26,11 @@ $(VENV)/.installed-all: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed-base
 install-all: $(VENV)/.installed-all
+
+# Main job: every table and figure next to the paper's, quick mode (a few minutes on 2 cores),
+# written to papers/reproduction/quick/ (REPORT.md, data/*.csv, figures/*.png).
+reproduce: $(VENV)/.installed-all
+	$(BIN)/balanceroute reproduce --quick
 
 compare: $(VENV)/.installed-base
 	$(BIN)/balanceroute compare --workload $(WORKLOAD) --replicas $(REPLICAS)
