@@ -237,6 +237,7 @@ class ServeGenPool:
                     shown = (bounds or LengthBounds()).describe()
                     raise WorkloadError(f"no ServeGen request satisfies {shown}")
                 want = (requests - have) / max(accept, 1e-9) * (1.1 if raw else 1.0)
+                want = min(want, float(per_slot.sum()))  # at most a day per round: bounded memory
                 reps = int(want // per_slot.sum()) + 2
                 cum = np.cumsum(np.tile(np.roll(per_slot, -(k % n_slots)), reps))
                 slots = min(int(np.searchsorted(cum, math.ceil(want))) + 1, len(cum))
