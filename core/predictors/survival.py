@@ -32,6 +32,14 @@ def survival_estimates(
     a = np.asarray(ages, dtype=np.int64)
     starts = np.searchsorted(keys, offset + a, side="right")
     ends = np.searchsorted(keys, offset + a + horizon, side="right")
+    return _from_counts(starts, ends, hi, prefix, a, horizon)
+
+
+def _from_counts(
+    starts: NDArray, ends: NDArray, hi: NDArray | int, prefix: NDArray, a: NDArray, horizon: int
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64]]:
+    """The estimates of :func:`survival_estimates` from the key counts ``#{key ≤ a}`` and
+    ``#{key ≤ a+H}``."""
     alive = hi - starts
     done = ends - starts
     p_fin = np.where(alive > 0, done / np.maximum(alive, 1), 0.0)
@@ -51,6 +59,7 @@ class EmpiricalSurvival:
 
     sorted_out: NDArray[np.int64]
     prefix: NDArray[np.float64]
+    count_le: NDArray[np.int64]
     name: str = "survival"
 
     @classmethod
@@ -66,14 +75,24 @@ class EmpiricalSurvival:
         out = np.sort(np.asarray(output_len, dtype=np.int64))
         if out.shape[0] == 0:
             raise ValueError("EmpiricalSurvival needs at least one training output length")
+        if out[0] < 0:
+            raise ValueError("output lengths must be >= 0")
         prefix = np.concatenate([[0.0], np.cumsum(out, dtype=np.float64)])
-        return cls(sorted_out=out, prefix=prefix)
+        # count_le[v] = #{o <= v} for v = 0..max(o): turns each searchsorted into one lookup
+        count_le = np.cumsum(np.bincount(out, minlength=int(out[-1]) + 1)).astype(np.int64)
+        return cls(sorted_out=out, prefix=prefix, count_le=count_le)
 
     def predict(
         self, features: RequestFeatures, ages: NDArray, horizon: int
     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """Vectorised conditional ECDF look-ups (two ``searchsorted`` per call)."""
+        """Vectorised conditional ECDF look-ups: O(1) per request through the ``count_le``
+        table (the same counts ``survival_estimates`` gets from ``searchsorted``)."""
         horizon = check_horizon(horizon)
-        n = self.sorted_out.shape[0]
-        p_fin, mu_rem, _ = survival_estimates(self.sorted_out, self.prefix, 0, n, ages, horizon)
+        a = np.asarray(ages, dtype=np.int64)
+        top = self.count_le.shape[0] - 1
+        starts = self.count_le[np.clip(a, 0, top)]
+        ends = self.count_le[np.clip(a + horizon, 0, top)]
+        p_fin, mu_rem, _ = _from_counts(
+            starts, ends, self.sorted_out.shape[0], self.prefix, a, horizon
+        )
         return p_fin, mu_rem

@@ -226,3 +226,19 @@ def test_learned_predictor_trains_and_beats_noise():
     assert learned["brier"] < survival["brier"]
     with pytest.raises(ValueError, match="trained for H=40"):
         pred.predict(feats, ages, 80)
+
+
+def test_survival_table_lookup_equals_searchsorted():
+    # the O(1) count table must give exactly the searchsorted estimates, ages past the longest
+    # output included
+    from balanceroute.core.predictors.survival import EmpiricalSurvival, survival_estimates
+
+    rng = np.random.default_rng(4)
+    out = rng.integers(1, 3000, size=500)
+    model = EmpiricalSurvival.from_lengths(out)
+    ages = np.concatenate([rng.integers(0, 3500, size=300), [0, 2999, 3000, 10_000]])
+    for horizon in (1, 80, 160):
+        p, mu = model.predict(None, ages, horizon)
+        p2, mu2, _ = survival_estimates(model.sorted_out, model.prefix, 0, len(out), ages, horizon)
+        np.testing.assert_array_equal(p, p2)
+        np.testing.assert_array_equal(mu, mu2)
