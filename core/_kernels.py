@@ -270,6 +270,25 @@ def fifo_choose(kind, loads, n_act, slots, cursor):  # pragma: no cover - compil
 
 
 @njit
+def _barrier_step(loads, n_act, g_count, step_a, step_b, step_c):  # pragma: no cover - compiled
+    """M(k), Σ_g L_g(k) and τ(k) = b + max_g(a·L_g + c·n_g) (b + a·M when c = 0)."""
+    envelope = loads[0]
+    total = 0
+    for g in range(g_count):
+        total += loads[g]
+        if loads[g] > envelope:
+            envelope = loads[g]
+    if step_c == 0.0:
+        return envelope, total, step_b + step_a * float(envelope)
+    top = step_a * float(loads[0]) + step_c * float(n_act[0])
+    for g in range(1, g_count):
+        v = step_a * float(loads[g]) + step_c * float(n_act[g])
+        if v > top:
+            top = v
+    return envelope, total, step_b + top
+
+
+@njit
 def simulate_loop(
     prompt, output, ready, saturated, target, g_count, slots, kind, s_greedy, r_max, deadline_s,
     step_b, step_a, step_c, max_steps, budget, record, replica, start, finish, joined, tick_time,
@@ -388,22 +407,8 @@ def simulate_loop(
             break
 
         # (2) the step runs on the loads it has
-        envelope = loads[0]
-        total = 0
-        for g in range(g_count):
-            total += loads[g]
-            if loads[g] > envelope:
-                envelope = loads[g]
+        envelope, total, tau = _barrier_step(loads, n_act, g_count, step_a, step_b, step_c)
         imb = g_count * envelope - total
-        if step_c == 0.0:
-            tau = step_b + step_a * float(envelope)
-        else:
-            top = step_a * float(loads[0]) + step_c * float(n_act[0])
-            for g in range(1, g_count):
-                v = step_a * float(loads[g]) + step_c * float(n_act[g])
-                if v > top:
-                    top = v
-            tau = step_b + top
         now += tau
         sum_i += float(imb)
         sum_gm += float(g_count * envelope)
@@ -482,22 +487,8 @@ def skip_tickless_steps(
             active += n_act[g]
         if active == 0 or (pool_len > 0 and active < g_count * slots):
             break
-        envelope = loads[0]
-        total = 0
-        for g in range(g_count):
-            total += loads[g]
-            if loads[g] > envelope:
-                envelope = loads[g]
+        envelope, total, tau = _barrier_step(loads, n_act, g_count, step_a, step_b, step_c)
         imb = g_count * envelope - total
-        if step_c == 0.0:
-            tau = step_b + step_a * float(envelope)
-        else:
-            top = step_a * float(loads[0]) + step_c * float(n_act[0])
-            for g in range(1, g_count):
-                v = step_a * float(loads[g]) + step_c * float(n_act[g])
-                if v > top:
-                    top = v
-            tau = step_b + top
         now += tau
         sum_i += float(imb)
         sum_gm += float(g_count * envelope)
