@@ -1,5 +1,5 @@
 # The two set-up commands of README: `make reproduce` (main job) and `make test` (test suite).
-# `make compare` is the lighter policy comparison (base install only).
+# `make compare` is the lighter job: one Table-1-shaped policy comparison.
 # Each creates .venv if needed and installs what it needs into it.
 PY ?= python3
 VENV := .venv
@@ -32,7 +32,7 @@ install-all: $(VENV)/.installed-all
 reproduce: $(VENV)/.installed-all
 	$(BIN)/balanceroute reproduce --quick
 
-compare: $(VENV)/.installed-base
+compare: $(VENV)/.installed-all
 	$(BIN)/balanceroute compare --workload $(WORKLOAD) --replicas $(REPLICAS)
 
 test: $(VENV)/.installed-all

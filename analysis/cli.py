@@ -69,10 +69,16 @@ def config_from_args(args: argparse.Namespace, **overrides: Any):
 
 
 def _policy_names(text: str | None) -> list[str]:
-    from balanceroute.analysis.policies import all_policy_names, default_policy_names
+    from balanceroute.analysis.policies import (
+        all_policy_names,
+        default_policy_names,
+        missing_extras,
+    )
 
     valid = all_policy_names()
     if not text:
+        for name, extra in missing_extras().items():
+            print(f"note: {name} left out: install balanceroute[{extra}] for it", file=sys.stderr)
         return default_policy_names()
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in valid]

@@ -21,12 +21,27 @@ from balanceroute.core.policies.variants import (
 from balanceroute.core.predictors.base import split_workload
 from balanceroute.core.workloads.base import Workload
 
-__all__ = ["PolicyFactory", "all_policy_names", "default_policy_names", "make_factory"]
+__all__ = [
+    "PolicyFactory", "all_policy_names", "default_policy_names", "make_factory", "missing_extras",
+]
+
+
+#: Default rows that need an optional extra, and the module that extra provides.
+NEEDS_EXTRA = {"brh-learned": ("torch", "learned")}
 
 
 def default_policy_names() -> list[str]:
-    """The rows of ``compare`` when ``--policies`` is not given (the paper's Table 1)."""
-    return list(ALL_POLICY_NAMES)
+    """The rows of ``compare`` when ``--policies`` is not given (the paper's Table 1), less the
+    ones whose extra is not installed (see :func:`missing_extras`)."""
+    skipped = missing_extras()
+    return [n for n in ALL_POLICY_NAMES if n not in skipped]
+
+
+def missing_extras() -> dict[str, str]:
+    """Default rows left out because their extra is missing: name → extra to install."""
+    from importlib.util import find_spec
+
+    return {name: extra for name, (module, extra) in NEEDS_EXTRA.items() if find_spec(module) is None}
 
 
 def all_policy_names() -> list[str]:
