@@ -74,8 +74,17 @@ def solve_pulp(
             bound = float(value) if value is not None else math.nan
         return OPTIMAL, bound, ""
     if prob.sol_status == pulp.LpSolutionIntegerFeasible:
+        value = pulp.value(prob.objective)
+        if value is not None and math.isfinite(bound) and _gap_closed(float(value), bound, gap_rel):
+            # stopped by the clock, but the incumbent already meets the proven bound
+            return OPTIMAL, bound, ""
         return FEASIBLE, bound, f"time limit {time_limit_s:g} s reached: best incumbent returned"
     return NO_SOLUTION, bound, f"time limit {time_limit_s:g} s reached without a solution"
+
+
+def _gap_closed(value: float, bound: float, gap_rel: float) -> bool:
+    """True when the incumbent is within ``gap_rel`` (relative) of the proven bound."""
+    return abs(value - bound) <= max(gap_rel, 1e-9) * max(1.0, abs(value)) + 1e-9
 
 
 @lru_cache(maxsize=1)

@@ -67,3 +67,11 @@ def test_not_work_conserving_can_place_nothing(name: str) -> None:
 def test_heuristic_matches_known_optimum() -> None:
     inst = TickInstance.br0([10, 7, 6, 5], [1, 1, 1, 1], [4, 5, 3, 2, 6])
     assert f_score_sum(inst, policy_tick(inst)) == pytest.approx(6.0)
+
+
+def test_an_incumbent_meeting_its_bound_counts_as_optimal() -> None:
+    from balanceroute.solvers.pulp_backend import _gap_closed
+
+    assert _gap_closed(3.0, 3.0, 0.0)
+    assert _gap_closed(100.0, 100.5, 0.01)
+    assert not _gap_closed(3.0, 2.0, 1e-4)
