@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 
 from . import _kernels as kern
 from ._jit import HAVE_NUMBA
+from .outcomes import RequestColumns
 from .policies.br0 import BR0Policy
 from .policies.jsq import JSQPolicy
 from .policies.least_load import LeastLoadPolicy
@@ -70,13 +71,7 @@ def fused_policy(policy: object) -> FusedPolicy | None:
 class FusedRun:
     """What the fused loop leaves behind: per-request columns and the running totals."""
 
-    replica: NDArray[np.int64]
-    start: NDArray[np.int64]
-    finish: NDArray[np.int64]
-    joined: NDArray[np.float64]
-    tick_time: NDArray[np.float64]
-    first_time: NDArray[np.float64]
-    finish_time: NDArray[np.float64]
+    cols: RequestColumns
     loads: NDArray[np.int64]
     ints: NDArray[np.int64]
     floats: NDArray[np.float64]
@@ -137,13 +132,7 @@ def run_fused(
     cap = min(n, target) if saturated else n
     ring = int(output.max()) + 1
     run = FusedRun(
-        replica=np.full(n, -1, dtype=np.int64),
-        start=np.full(n, -1, dtype=np.int64),
-        finish=np.full(n, -1, dtype=np.int64),
-        joined=np.array(ready, dtype=np.float64, copy=True),
-        tick_time=np.full(n, np.nan),
-        first_time=np.full(n, np.nan),
-        finish_time=np.full(n, np.nan),
+        cols=RequestColumns.empty(ready),
         loads=np.zeros(g_count, dtype=np.int64),
         ints=np.zeros(9, dtype=np.int64),
         floats=np.zeros(6, dtype=np.float64),
@@ -161,8 +150,7 @@ def run_fused(
         series = kern.simulate_loop(
             prompt, output, ready, saturated, target, g_count, slots, spec.kind, spec.s_greedy,
             spec.r_max, float(spec.deadline_s), step_b, step_a, step_c, max_steps, budget,
-            record_series, run.replica, run.start, run.finish, run.joined, run.tick_time,
-            run.first_time, run.finish_time, run.loads, n_act, pool, head, link, run.ints,
+            record_series, *run.cols.arrays(), run.loads, n_act, pool, head, link, run.ints,
             run.floats, series,
         )
         status = run.ints[kern.STATUS]

@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 from ._jit import HAVE_NUMBA
 from ._kernels import skip_tickless_steps
 from .fused import fused_policy, run_fused
+from .outcomes import RequestColumns
 from .policies.base import Policy
 from .state import ClusterState, PoolView, validate_assignment
 from .workloads.base import Workload
@@ -183,13 +184,7 @@ Engine = Literal["auto", "fused", "generic"]
 class _Raw:
     """What either loop leaves behind, before metrics are computed."""
 
-    replica: NDArray[np.int64]
-    start: NDArray[np.int64]
-    finish: NDArray[np.int64]
-    joined: NDArray[np.float64]
-    tick_time: NDArray[np.float64]
-    first_time: NDArray[np.float64]
-    finish_time: NDArray[np.float64]
+    cols: RequestColumns
     steps: int
     now: float
     generated: int
@@ -251,7 +246,7 @@ def simulate(
 
     if raw.generated != int(output.sum()) or raw.loads_left:
         raise AssertionError("token conservation violated")  # pragma: no cover
-    arrival = raw.joined if saturated else arrival
+    arrival = raw.cols.joined if saturated else arrival
     return _result(raw, n, output, arrival)
 
 
@@ -267,9 +262,8 @@ def _run_fused(prompt, output, ready, policy, spec, config, progress) -> _Raw:
         policy.cursor = run.cursor  # RoundRobin's cursor persists across ticks, as in assign
     now, sum_i, _, sum_tau, loaded_i, loaded_gm = run.totals
     return _Raw(
-        replica=run.replica, start=run.start, finish=run.finish, joined=run.joined,
-        tick_time=run.tick_time, first_time=run.first_time, finish_time=run.finish_time,
-        steps=run.steps, now=now, generated=run.generated, sum_i=sum_i, sum_tau=sum_tau,
+        cols=run.cols, steps=run.steps, now=now, generated=run.generated, sum_i=sum_i,
+        sum_tau=sum_tau,
         loaded=(loaded_i, loaded_gm, run.loaded_steps), loads_left=bool(run.loads.any()),
         series=None if run.series is None else dict(zip(_SERIES, run.series, strict=True)),
     )
@@ -282,13 +276,8 @@ def _run_generic(prompt, output, ready, policy, config, progress) -> _Raw:
     n = prompt.shape[0]
     g_count, b_slots = config.num_replicas, config.slots
     saturated = config.mode == "saturated"
-    replica = np.full(n, -1, dtype=np.int64)
-    start = np.full(n, -1, dtype=np.int64)
-    finish = np.full(n, -1, dtype=np.int64)
-    joined = np.array(ready, dtype=np.float64, copy=True)
-    tick_time = np.full(n, np.nan)
-    first_time = np.full(n, np.nan)
-    finish_time = np.full(n, np.nan)
+    cols = RequestColumns.empty(ready)
+    replica, start, finish, joined, tick_time, first_time, finish_time = cols.arrays()
 
     slot_req = np.full(g_count * b_slots, -1, dtype=np.int64)
     slot_end = np.full(g_count * b_slots, -1, dtype=np.int64)
@@ -421,8 +410,7 @@ def _run_generic(prompt, output, ready, policy, config, progress) -> _Raw:
         k += 1
 
     return _Raw(
-        replica=replica, start=start, finish=finish, joined=joined, tick_time=tick_time,
-        first_time=first_time, finish_time=finish_time, steps=k, now=now, generated=generated,
+        cols=cols, steps=k, now=now, generated=generated,
         sum_i=sum_i, sum_tau=sum_tau, loaded=loaded, loads_left=bool(loads.any()),
         series=series.arrays() if series is not None else None,
     )
@@ -431,9 +419,9 @@ def _run_generic(prompt, output, ready, policy, config, progress) -> _Raw:
 def _result(raw: _Raw, n: int, output: NDArray, arrival: NDArray) -> SimResult:
     """Metrics and per-request outcomes (SimResult's definitions) from either loop."""
     multi = output > 1
-    tpot = (raw.finish_time[multi] - raw.first_time[multi]) / (output[multi] - 1)
-    ttft = raw.first_time - arrival
-    wait = raw.tick_time - raw.joined
+    tpot = (raw.cols.finish_time[multi] - raw.cols.first_time[multi]) / (output[multi] - 1)
+    ttft = raw.cols.first_time - arrival
+    wait = raw.cols.tick_time - raw.cols.joined
     k, sum_tau = raw.steps, raw.sum_tau
     loaded_i, loaded_gm, loaded_steps = raw.loaded
     metrics: dict[str, float] = {
@@ -456,9 +444,9 @@ def _result(raw: _Raw, n: int, output: NDArray, arrival: NDArray) -> SimResult:
     }
     return SimResult(
         metrics=metrics,
-        replica=raw.replica,
-        start_step=raw.start,
-        finish_step=raw.finish,
+        replica=raw.cols.replica,
+        start_step=raw.cols.start,
+        finish_step=raw.cols.finish,
         ttft_s=ttft,
         tpot_s=_scatter(tpot, multi),
         pool_wait_s=wait,
@@ -471,10 +459,10 @@ def _loaded_throughput(raw: _Raw, loaded_steps: int) -> float:
     k_last = loaded_steps - 1
     if k_last < 0:
         return float("nan")
-    started = raw.start >= 0
-    active_steps = np.minimum(raw.finish[started], k_last) - raw.start[started] + 1
+    started = raw.cols.start >= 0
+    active_steps = np.minimum(raw.cols.finish[started], k_last) - raw.cols.start[started] + 1
     tokens = float(np.clip(active_steps, 0, None).sum())
-    t_end = float(np.max(raw.first_time[raw.start == k_last]))  # the end of step k_last
+    t_end = float(np.max(raw.cols.first_time[raw.cols.start == k_last]))  # the end of step k_last
     return tokens / t_end if t_end > 0 else float("nan")
 
 

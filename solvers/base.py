@@ -120,3 +120,15 @@ def check_solve_args(time_limit_s: float, gap_rel: float, threads: int) -> None:
         raise ValueError(f"{gap_rel=} must be in [0, 1)")
     if threads < 1:
         raise ValueError(f"{threads=} must be >= 1")
+
+
+class BackendSolver:
+    """Mixin for solvers whose backend is an optional module: ``is_available()`` is true when
+    every module in ``requires`` can be imported (checked without importing it)."""
+
+    requires: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """True when the backend's Python modules are installed (not imported)."""
+        return modules_available(*cls.requires)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from .base import FEASIBLE, NO_SOLUTION, OPTIMAL, Solution, check_solve_args, modules_available
+from .base import FEASIBLE, NO_SOLUTION, OPTIMAL, BackendSolver, Solution, check_solve_args
 from .clairvoyant_eval import (
     canonical_replicas,
     coarse_objective,
@@ -29,17 +29,12 @@ from .scaling import integer_scale
 __all__ = ["ClairvoyantCpSatSolver"]
 
 
-class ClairvoyantCpSatSolver:
+class ClairvoyantCpSatSolver(BackendSolver):
     """Optimal routing and start times for a known episode, by CP-SAT."""
 
     name: ClassVar[str] = "clairvoyant-cpsat"
     problem: ClassVar[str] = "clairvoyant"
     requires: ClassVar[tuple[str, ...]] = ("ortools",)
-
-    @classmethod
-    def is_available(cls) -> bool:
-        """True when OR-Tools is installed (not imported)."""
-        return modules_available(*cls.requires)
 
     def solve(self, instance: ClairvoyantInstance, *, time_limit_s: float = 30.0,
               gap_rel: float = 0.0, threads: int = 1, seed: int = 0,

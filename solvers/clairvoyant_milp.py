@@ -15,7 +15,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from .base import Solution, check_solve_args, modules_available
+from .base import BackendSolver, Solution, check_solve_args
 from .clairvoyant_eval import coarse_objective, evaluate_schedule, model_tables
 from .instances import ClairvoyantInstance
 from .pulp_backend import PULP_BACKENDS, solve_pulp
@@ -83,18 +83,13 @@ def build_clairvoyant_milp(instance: ClairvoyantInstance):
     return prob, z, tab
 
 
-class _PulpClairvoyantSolver:
+class _PulpClairvoyantSolver(BackendSolver):
     """Shared body of the CBC and HiGHS clairvoyant solvers."""
 
     name: ClassVar[str]
     backend: ClassVar[Literal["cbc", "highs"]]
     problem: ClassVar[str] = "clairvoyant"
     requires: ClassVar[tuple[str, ...]]
-
-    @classmethod
-    def is_available(cls) -> bool:
-        """True when the backend's Python modules are installed (not imported)."""
-        return modules_available(*cls.requires)
 
     def solve(self, instance: ClairvoyantInstance, *, time_limit_s: float = 30.0,
               gap_rel: float = 0.0, threads: int = 1, seed: int = 0, hint=None) -> Solution:

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import FEASIBLE, NO_SOLUTION, OPTIMAL, Solution, check_solve_args, modules_available
+from .base import FEASIBLE, NO_SOLUTION, OPTIMAL, BackendSolver, Solution, check_solve_args
 from .instances import TickInstance
 from .scaling import integer_scale
 from .tick_eval import check_tick_assignment, tick_objective
@@ -21,17 +21,12 @@ from .tick_eval import check_tick_assignment, tick_objective
 __all__ = ["TickCpSatSolver"]
 
 
-class TickCpSatSolver:
+class TickCpSatSolver(BackendSolver):
     """Per-tick assignment solved exactly by CP-SAT on integer-scaled data."""
 
     name: ClassVar[str] = "tick-cpsat"
     problem: ClassVar[str] = "tick"
     requires: ClassVar[tuple[str, ...]] = ("ortools",)
-
-    @classmethod
-    def is_available(cls) -> bool:
-        """True when OR-Tools is installed (not imported)."""
-        return modules_available(*cls.requires)
 
     def solve(self, instance: TickInstance, *, time_limit_s: float = 10.0, gap_rel: float = 0.0,
               threads: int = 1, seed: int = 0) -> Solution:

@@ -15,7 +15,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from .base import Solution, check_solve_args, modules_available
+from .base import BackendSolver, Solution, check_solve_args
 from .instances import TickInstance
 from .pulp_backend import PULP_BACKENDS, solve_pulp
 from .tick_eval import check_tick_assignment, tick_objective
@@ -81,18 +81,13 @@ def objective_constant(instance: TickInstance) -> float:
     return 0.0 if instance.objective == "f_score" else -float(instance.loads.sum())
 
 
-class _PulpTickSolver:
+class _PulpTickSolver(BackendSolver):
     """Shared body of the CBC and HiGHS tick solvers."""
 
     name: ClassVar[str]
     backend: ClassVar[Literal["cbc", "highs"]]
     problem: ClassVar[str] = "tick"
     requires: ClassVar[tuple[str, ...]]
-
-    @classmethod
-    def is_available(cls) -> bool:
-        """True when the backend's Python modules are installed (not imported)."""
-        return modules_available(*cls.requires)
 
     def solve(self, instance: TickInstance, *, time_limit_s: float = 10.0, gap_rel: float = 0.0,
               threads: int = 1, seed: int = 0) -> Solution:
