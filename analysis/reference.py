@@ -22,10 +22,26 @@ __all__ = ["naive_simulate", "reference_tick"]
 
 
 def _score(delta: float, margin: list[float], d: list[float], alpha: float, beta: float) -> float:
+    """The paper's F(Δ) = (α·Σ d)·Δ − β·Σ_h d_h·(Δ − m_h)_+."""
     total = 0.0
     for dh, mh in zip(d, margin):
-        total += dh * max(delta - mh, 0.0)
+        x = delta - mh
+        if x > 0.0:
+            total += dh * x
     return alpha * sum(d) * delta - beta * total
+
+
+def _score_traj(traj: list[float], margin: list[float], d: list[float], alpha: float,
+                beta: float) -> float:
+    """The exact F of a contribution trajectory: α·Σ_h d_h·δ(h) − β·Σ_h d_h·(δ(h) − m_h)_+."""
+    lin = 0.0
+    total = 0.0
+    for dh, th, mh in zip(d, traj, margin):
+        lin += dh * th
+        x = th - mh
+        if x > 0.0:
+            total += dh * x
+    return alpha * lin - beta * total
 
 
 def reference_tick(
@@ -41,14 +57,21 @@ def reference_tick(
     r_max: int,
     deadline_s: float,
     growth: list[list[float]] | None = None,
+    score: str = "exact",
+    stage1: str = "fit",
+    ttft_slo_s: float | None = None,
 ) -> list[tuple[int, int]]:
     """One tick; returns ``[(pool_index, replica), ...]`` in decision order."""
     loads = [list(row) for row in proj_loads]
     free = list(free_slots)
     horizon = len(d)
-    alive = [True] * len(prompt_len)
+    n = len(prompt_len)
+    alive = [True] * n
     out: list[tuple[int, int]] = []
-    remaining = min(sum(free), len(prompt_len))
+    remaining = min(sum(free), n)
+    exact = score == "exact" and growth is not None
+    contrib = [[prompt_len[i] + (growth[i][h] if growth is not None else 0.0) for h in range(horizon)]
+               for i in range(n)]
 
     def env() -> list[float]:
         return [max(row[h] for row in loads) for h in range(horizon)]
@@ -57,9 +80,43 @@ def reference_tick(
         e = env()
         return [e[h] - loads[g][h] for h in range(horizon)]
 
+    def value(i: int) -> float:  # the linear term of F({i})
+        if not exact:
+            return alpha * sum(d) * prompt_len[i]
+        lin = 0.0
+        for h in range(horizon):
+            lin += d[h] * contrib[i][h]
+        return alpha * lin
+
+    top = max((value(i) for i in range(n)), default=0.0)
+    slo = ttft_slo_s if ttft_slo_s is not None else float("inf")
+    urgency = [top * (wait[i] / slo) if slo < float("inf") else 0.0 for i in range(n)]
+
+    def f_set(q: list[int], m: list[float]) -> float:
+        urg = 0.0
+        for i in q:
+            urg += urgency[i]
+        if exact:
+            traj = []
+            for h in range(horizon):
+                acc = 0.0
+                for i in q:
+                    acc += contrib[i][h]
+                traj.append(acc)
+            return _score_traj(traj, m, d, alpha, beta) + urg
+        delta = 0.0
+        for i in q:
+            delta += prompt_len[i]
+        return _score(delta, m, d, alpha, beta) + urg
+
+    def f_one(i: int, m: list[float]) -> float:  # F({i}) without the urgency
+        if exact:
+            return _score_traj(contrib[i], m, d, alpha, beta)
+        return _score(prompt_len[i], m, d, alpha, beta)
+
     def place(i: int, g: int) -> None:
         for h in range(horizon):
-            loads[g][h] += prompt_len[i] + (growth[i][h] if growth is not None else 0.0)
+            loads[g][h] += contrib[i][h] if growth is not None else prompt_len[i]
         free[g] -= 1
         alive[i] = False
         out.append((i, g))
@@ -70,15 +127,17 @@ def reference_tick(
             break
         best = max(
             (g for g in range(len(free)) if free[g] > 0),
-            key=lambda g: (_score(prompt_len[i], margin(g), d, alpha, beta), free[g], margin(g)[0], -g),
+            key=lambda g: (f_one(i, margin(g)), free[g], margin(g)[0], -g),
         )
         place(i, best)
 
     while len(out) < remaining and sum(free) > s_greedy:
-        g = min((g for g in range(len(free)) if free[g] > 0), key=lambda g: (-free[g], loads[g][0], g))
+        if stage1 == "fit":
+            g = max((g for g in range(len(free)) if free[g] > 0), key=lambda g: (margin(g)[0], free[g], -g))
+        else:
+            g = min((g for g in range(len(free)) if free[g] > 0), key=lambda g: (-free[g], loads[g][0], g))
         m = margin(g)
-        i = max((i for i in range(len(alive)) if alive[i]),
-                key=lambda i: (_score(prompt_len[i], m, d, alpha, beta), -i))
+        i = max((i for i in range(n) if alive[i]), key=lambda i: (f_set([i], m), -i))
         place(i, g)
 
     while len(out) < remaining:
@@ -87,15 +146,14 @@ def reference_tick(
         heapq.heapify(heap)
         _, _, g = heapq.heappop(heap)
         m = margin(g)
-        ranked = sorted((i for i in range(len(alive)) if alive[i]),
-                        key=lambda i: (-_score(prompt_len[i], m, d, alpha, beta), i))
+        ranked = sorted((i for i in range(n) if alive[i]), key=lambda i: (-f_set([i], m), i))
         cand = ranked[:r_max]
         cap = min(free[g], len(cand))
         best_q: tuple[int, ...] = ()
         best_f = float("-inf")
         for size in range(1, cap + 1):
             for q in combinations(range(len(cand)), size):
-                f = _score(sum(prompt_len[cand[j]] for j in q), m, d, alpha, beta)
+                f = f_set([cand[j] for j in q], m)
                 if f > best_f:
                     best_q, best_f = q, f
         chosen = [cand[j] for j in best_q] if best_f > 0 else [cand[0]]

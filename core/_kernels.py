@@ -30,15 +30,20 @@ RUNNING, DONE, MAX_STEPS, STUCK = 0, 1, 2, 3
 
 
 # -------------------------------------------------------------------------- two-stage tick
-# The reference's arithmetic, in its order: F = (α·Σ_h d_h)·Δ − β·Σ_h d_h·max(Δ − m_h, 0) with
-# m_h = M̂(h) − L̂_g(h) and both sums accumulated h = 0, 1, …. A term with Δ ≤ m_h adds ±0.0,
-# which leaves the running sum unchanged, so skipping it is exact (this is what makes the pool
-# scan cheap: only the horizon steps where some pooled request would overflow are visited).
+# The reference's arithmetic, in its order. A candidate set Q on replica g contributes
+# δ(h) = Σ_{i∈Q} c_i(h) to L̂_g(h); the score is
+#     F = α·Σ_h d_h·δ(h) − β·Σ_h d_h·max(δ(h) − m_h, 0) + Σ_{i∈Q} u_i,   m_h = M̂(h) − L̂_g(h),
+# with both sums accumulated h = 0, 1, …. ``exact`` scores c_i(h) = s_i + growth_i(h) (the
+# candidate's own projected trajectory: s_i + h while it stays, 0 after); otherwise c_i(h) = s_i
+# (the paper's form, computed as (α·Σ_h d_h)·Δ − β·Σ…). u_i is the urgency bonus (0 when off).
+# A term with δ ≤ m_h adds ±0.0, which leaves the running sum unchanged, so skipping it is exact
+# (this is what makes the pool scan cheap: only the horizon steps where some pooled request
+# would overflow are visited).
 
 
 @njit
 def _score_one(delta, loads, env, g, d, ad, beta):  # pragma: no cover - compiled
-    """F(Δ) on replica g."""
+    """The paper's F(Δ) on replica g."""
     total = 0.0
     for h in range(d.shape[0]):
         x = delta - (env[h] - loads[g, h])
@@ -48,21 +53,53 @@ def _score_one(delta, loads, env, g, d, ad, beta):  # pragma: no cover - compile
 
 
 @njit
-def _pool_scores(sizes, loads, env, g, d, ad, beta, smax, tot, out):  # pragma: no cover
-    """out[j] = F({j}) on replica g for every pooled request j (dead ones included)."""
+def _score_traj(traj, loads, env, g, d, alpha, beta):  # pragma: no cover - compiled
+    """The exact F of a contribution trajectory ``traj`` (W,) on replica g."""
+    lin = 0.0
+    total = 0.0
+    for h in range(d.shape[0]):
+        lin += d[h] * traj[h]
+        x = traj[h] - (env[h] - loads[g, h])
+        if x > 0.0:
+            total += d[h] * x
+    return alpha * lin - beta * total
+
+
+@njit
+def _single(i, g, loads, env, sizes, growth, d, alpha, ad, beta, exact, traj):  # pragma: no cover
+    """F({i}) on replica g (without the urgency bonus)."""
+    if not exact:
+        return _score_one(sizes[i], loads, env, g, d, ad, beta)
+    for h in range(d.shape[0]):
+        traj[h] = sizes[i] + growth[i, h]
+    return _score_traj(traj, loads, env, g, d, alpha, beta)
+
+
+@njit
+def _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus,
+                 tot, out):  # pragma: no cover - compiled
+    """out[j] = F({j}) + u_j on replica g for every pooled request j (dead ones included)."""
     n = sizes.shape[0]
     for j in range(n):
         tot[j] = 0.0
     for h in range(d.shape[0]):
         m = env[h] - loads[g, h]
-        if m >= smax:  # no pooled request overflows this step's margin
+        if m >= cmax[h]:  # no pooled request overflows this step's margin
             continue
         dh = d[h]
-        for j in range(n):
-            x = sizes[j] - m
-            tot[j] += dh * (x if x > 0.0 else 0.0)
+        if exact:
+            for j in range(n):
+                x = (sizes[j] + growth[j, h]) - m
+                tot[j] += dh * (x if x > 0.0 else 0.0)
+        else:
+            for j in range(n):
+                x = sizes[j] - m
+                tot[j] += dh * (x if x > 0.0 else 0.0)
     for j in range(n):
-        out[j] = ad * sizes[j] - beta * tot[j]
+        if exact:
+            out[j] = (alpha * lin[j] - beta * tot[j]) + bonus[j]
+        else:
+            out[j] = (ad * sizes[j] - beta * tot[j]) + bonus[j]
 
 
 @njit
@@ -88,12 +125,13 @@ def _place(i, g, loads, env, sizes, growth, has_growth, free, alive):  # pragma:
 @njit
 def two_stage_kernel(
     loads, free, sizes, wait, d, alpha, beta, s_greedy, r_max, deadline_s, growth, has_growth,
-    out_i, out_g,
+    exact_score, fit_stage1, ttft_slo_s, out_i, out_g,
 ):  # pragma: no cover - compiled; tested against the reference through two_stage_assign
     """The tick of :func:`two_stage_assign` on mutable copies ``loads`` (G, W) and ``free``;
     writes the decisions to ``out_i``/``out_g`` and returns how many there are."""
     n_rep, width = loads.shape
     n_pool = sizes.shape[0]
+    exact = exact_score and has_growth
     total_d = 0.0
     for h in range(width):
         total_d += d[h]
@@ -111,13 +149,36 @@ def two_stage_kernel(
     remaining = min(free_sum, n_pool)
     if remaining <= 0:
         return 0
-    smax = sizes[0]
-    for j in range(1, n_pool):
-        if sizes[j] > smax:
-            smax = sizes[j]
+    # per-tick constants: each candidate's own value Σ_h d_h c_i(h) (exact), the largest
+    # contribution at each h (the pool scan skips steps no one overflows), the urgency bonus
+    lin = np.zeros(n_pool)
+    cmax = np.empty(width)
+    for h in range(width):
+        top = sizes[0] + growth[0, h] if exact else sizes[0]
+        for j in range(1, n_pool):
+            c = sizes[j] + growth[j, h] if exact else sizes[j]
+            if c > top:
+                top = c
+        cmax[h] = top
+    if exact:
+        for j in range(n_pool):
+            acc = 0.0
+            for h in range(width):
+                acc += d[h] * (sizes[j] + growth[j, h])
+            lin[j] = acc
+    bonus = np.zeros(n_pool)
+    if ttft_slo_s > 0.0 and ttft_slo_s < np.inf:
+        top = -np.inf
+        for j in range(n_pool):
+            v = alpha * lin[j] if exact else ad * sizes[j]
+            if v > top:
+                top = v
+        for j in range(n_pool):
+            bonus[j] = top * (wait[j] / ttft_slo_s)
     alive = np.ones(n_pool, dtype=np.bool_)
     tot = np.empty(n_pool)
     f1 = np.empty(n_pool)
+    traj = np.empty(width)
     placed = 0
 
     # (0) pool deadline, oldest first (stable: ties keep pool order)
@@ -143,7 +204,7 @@ def two_stage_kernel(
             for g in range(n_rep):
                 if free[g] <= 0:
                     continue
-                f = _score_one(sizes[i], loads, env, g, d, ad, beta)
+                f = _single(i, g, loads, env, sizes, growth, d, alpha, ad, beta, exact, traj)
                 m0 = env[0] - loads[g, 0]
                 if (best_g < 0 or f > best_f
                         or (f == best_f and (free[g] > free[best_g]
@@ -155,14 +216,26 @@ def two_stage_kernel(
             out_g[placed] = best_g
             placed += 1
 
-    # (1) plenty of room: the emptiest replica (ties: lower load) takes the best single request
+    # (1) plenty of room: one replica at a time takes its best single request — with
+    # ``fit_stage1`` the replica with the largest margin m(0) (ties: more free slots), where the
+    # request fits best; otherwise (the paper's rule) the one with most free slots (ties: lower
+    # load)
     while placed < remaining and free_sum > s_greedy:
         g = -1
+        best_m = 0.0
         for r in range(n_rep):
-            if free[r] > 0 and (g < 0 or free[r] > free[g]
-                                or (free[r] == free[g] and loads[r, 0] < loads[g, 0])):
-                g = r
-        _pool_scores(sizes, loads, env, g, d, ad, beta, smax, tot, f1)
+            if free[r] <= 0:
+                continue
+            m0 = env[0] - loads[r, 0]
+            if g < 0:
+                g, best_m = r, m0
+            elif fit_stage1:
+                if m0 > best_m or (m0 == best_m and free[r] > free[g]):
+                    g, best_m = r, m0
+            elif free[r] > free[g] or (free[r] == free[g] and loads[r, 0] < loads[g, 0]):
+                g, best_m = r, m0
+        _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus,
+                     tot, f1)
         i = -1
         for j in range(n_pool):
             if alive[j] and (i < 0 or f1[j] > f1[i]):
@@ -186,9 +259,10 @@ def two_stage_kernel(
             m0 = env[0] - loads[r, 0]
             if g < 0 or free[r] > free[g] or (free[r] == free[g] and m0 > best_m):
                 g, best_m = r, m0
-        _pool_scores(sizes, loads, env, g, d, ad, beta, smax, tot, f1)
+        _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus,
+                     tot, f1)
         k = min(r_max, n_pool - placed)
-        n_c = 0  # cand[:n_c]: best F({i}) first, ties in pool order
+        n_c = 0  # cand[:n_c]: best F({i}) + u_i first, ties in pool order
         for j in range(n_pool):
             if not alive[j]:
                 continue
@@ -211,10 +285,22 @@ def two_stage_kernel(
             for t in range(size):
                 idx[t] = t
             while True:
-                delta = 0.0
+                urg = 0.0
                 for t in range(size):
-                    delta += sizes[cand[idx[t]]]
-                f = _score_one(delta, loads, env, g, d, ad, beta)
+                    urg += bonus[cand[idx[t]]]
+                if exact:
+                    for h in range(width):
+                        acc = 0.0
+                        for t in range(size):
+                            j = cand[idx[t]]
+                            acc += sizes[j] + growth[j, h]
+                        traj[h] = acc
+                    f = _score_traj(traj, loads, env, g, d, alpha, beta) + urg
+                else:
+                    delta = 0.0
+                    for t in range(size):
+                        delta += sizes[cand[idx[t]]]
+                    f = _score_one(delta, loads, env, g, d, ad, beta) + urg
                 if f > best_f:
                     best_f = f
                     best_size = size
@@ -291,6 +377,7 @@ def _barrier_step(loads, n_act, g_count, step_a, step_b, step_c):  # pragma: no 
 @njit
 def simulate_loop(
     prompt, output, ready, saturated, target, g_count, slots, kind, s_greedy, r_max, deadline_s,
+    beta, fit_stage1, ttft_slo_s,
     step_b, step_a, step_c, max_steps, budget, record, replica, start, finish, joined, tick_time,
     first_time, finish_time, loads, n_act, pool, head, link, ints, floats, series,
 ):  # pragma: no cover - compiled; checked against the generic loop by tests/core/test_fast_paths
@@ -315,7 +402,6 @@ def simulate_loop(
     chosen = np.empty(cap, dtype=np.int64)
     ones = np.ones(1)
     no_growth = np.zeros((0, 1))
-    beta = float(g_count)
     steps_here = 0
     while True:
         if finished >= n:
@@ -356,7 +442,7 @@ def simulate_loop(
                     waited[j] = now - joined[pool[j]]
                 n_chosen = two_stage_kernel(
                     proj, free, sizes[:pool_n], waited[:pool_n], ones, 1.0, beta, s_greedy,
-                    r_max, deadline_s, no_growth, False, out_i, out_g,
+                    r_max, deadline_s, no_growth, False, False, fit_stage1, ttft_slo_s, out_i, out_g,
                 )
                 for t in range(n_chosen):
                     rid = pool[out_i[t]]

@@ -44,10 +44,17 @@ class FusedPolicy:
     s_greedy: int = 0
     r_max: int = 1
     deadline_s: float = float("inf")
+    beta_per_replica: float = 1.0
+    fit_stage1: bool = True
+    ttft_slo_s: float = float("inf")
 
 
 def _br0(p: BR0Policy) -> FusedPolicy:
-    return FusedPolicy(kind=kern.TWO_STAGE, s_greedy=p.s_greedy, r_max=p.r_max, deadline_s=p.deadline_s)
+    return FusedPolicy(
+        kind=kern.TWO_STAGE, s_greedy=p.s_greedy, r_max=p.r_max, deadline_s=p.deadline_s,
+        beta_per_replica=p.beta_per_replica, fit_stage1=p.stage1 == "fit",
+        ttft_slo_s=float("inf") if p.ttft_slo_s is None else float(p.ttft_slo_s),
+    )
 
 
 FUSED_POLICIES: dict[type, Callable[[Any], FusedPolicy]] = {
@@ -149,7 +156,8 @@ def run_fused(
     while True:
         series = kern.simulate_loop(
             prompt, output, ready, saturated, target, g_count, slots, spec.kind, spec.s_greedy,
-            spec.r_max, float(spec.deadline_s), step_b, step_a, step_c, max_steps, budget,
+            spec.r_max, float(spec.deadline_s), float(spec.beta_per_replica * g_count),
+            bool(spec.fit_stage1), float(spec.ttft_slo_s), step_b, step_a, step_c, max_steps, budget,
             record_series, *run.cols.arrays(), run.loads, n_act, pool, head, link, run.ints,
             run.floats, series,
         )

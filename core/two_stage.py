@@ -4,6 +4,12 @@ Both policies run this one routine; they differ only in the projected loads they
 (``(G, 1)`` current loads for BR-0, ``(G, H+1)`` projections for BR-H) and in (d, α, β).
 With H = 0, d = (1,), α = 1, β = G the score is BR-0's ``F = Δ − G·(Δ − m)_+``.
 
+The default score is the exact change of the discounted projected imbalance Σ_h d_h·I(h) when a
+set Q joins a replica, each candidate contributing its own projected trajectory c_i(h) = s_i +
+growth_i(h) (``papers/horizon_score.md``); ``score="paper"`` scores Δ·1 (candidates stay the
+window without growing). An optional urgency bonus u_i = U·w_i/``ttft_slo_s`` (U: the largest
+single-request value in the pool) makes waiting part of the decision (``papers/ttft.md``).
+
 The tick runs as one compiled kernel (``_kernels.two_stage_kernel``, numba) that performs the
 floating-point operations of the literal reference (``analysis/reference.py``) in the same
 order, so its decisions equal the reference's exactly; without numba the numpy implementation
@@ -84,26 +90,43 @@ def two_stage_assign(
     r_max: int,
     deadline_s: float,
     growth: NDArray | None = None,
+    score: str = "exact",
+    stage1: str = "fit",
+    ttft_slo_s: float | None = None,
 ) -> Assignment:
     """One scheduling tick of BalanceRoute.
 
     ``proj_loads`` (G, H+1): projected loads L̂_g(h); ``free_slots`` (G,); pool columns
     ``prompt_len`` (P,) and ``wait`` (P,) seconds. ``growth`` (P, H+1), optional: what request i
-    adds to L̂_g(h) beyond s_i once placed (BR-H's own growth of the new request); the score uses
-    Δ·1 as DESIGN defines it, the projection update uses s_i + growth_i.
+    adds to L̂_g(h) beyond s_i once placed, c_i(h) = s_i + growth_i(h) (BR-H's projection of the
+    new request). The projection update always uses c_i; the score uses c_i with
+    ``score="exact"`` and Δ·1 with ``score="paper"`` (identical without ``growth``).
+
+    Score of a set Q on replica g, δ(h) = Σ_{i∈Q} c_i(h):
+    ``F = α Σ_h d_h δ(h) − β Σ_h d_h (δ(h) − m_h)_+ + Σ_{i∈Q} u_i`` (sums in h order), with
+    u_i = U·w_i/``ttft_slo_s`` (U = max_j of the linear term of F({j})) or 0 when the knob is off.
 
     Order: (0) requests that waited ``≥ deadline_s`` go first, oldest first, each to the replica
-    with a free slot maximising F({i}) (ties: more free slots, larger margin); (1) while Σ free > ``s_greedy``, the replica with most free
-    slots (ties: lower load) takes the request with the largest F({i}); (2) then the replica with
-    the largest (free slots, margin m(0)) takes ``Q*`` among its ``r_max`` best single-request
-    candidates, or — starvation guard — its best single request when F(Q*) ≤ 0. Every pop
-    places at least one request, so the tick is work-conserving: it places min(Σ free, P).
-    The score is ``F = α(1ᵀd)Δ − β Σ_h d_h (Δ − m_h)_+`` with the sums taken in h order.
+    with a free slot maximising F({i}) (ties: more free slots, larger margin); (1) while Σ free >
+    ``s_greedy``: the replica with the largest margin m(0) (ties: more free slots) —
+    ``stage1="paper"``: with most free slots (ties: lower load) — takes the request with the
+    largest F({i}) + u_i; (2) then the replica with the largest (free slots,
+    margin m(0)) takes ``Q*`` among its ``r_max`` best single-request candidates, or —
+    starvation guard — its best single request when F(Q*) ≤ 0. Every pop places at least one
+    request, so the tick is work-conserving: it places min(Σ free, P).
     """
+    if score not in ("exact", "paper"):
+        raise ValueError(f"{score=} must be 'exact' or 'paper'")
+    if stage1 not in ("fit", "paper"):
+        raise ValueError(f"{stage1=} must be 'fit' or 'paper'")
+    slo = float("inf") if ttft_slo_s is None else float(ttft_slo_s)
+    if not slo > 0:
+        raise ValueError(f"{ttft_slo_s=} must be > 0 (or None: off)")
     if not HAVE_NUMBA:
         return _two_stage_numpy(
             proj_loads, free_slots, prompt_len, wait, d=d, alpha=alpha, beta=beta,
-            s_greedy=s_greedy, r_max=r_max, deadline_s=deadline_s, growth=growth,
+            s_greedy=s_greedy, r_max=r_max, deadline_s=deadline_s, growth=growth, score=score,
+            stage1=stage1, ttft_slo_s=ttft_slo_s,
         )
     if int(r_max) < 1:
         raise ValueError(f"{r_max=} must be >= 1")
@@ -121,7 +144,8 @@ def two_stage_assign(
         grow, has_growth = _f64(growth), True
     count = _two_stage_kernel(
         loads, free, sizes, _f64(wait), _f64(d), float(alpha), float(beta), int(s_greedy),
-        int(r_max), float(deadline_s), grow, has_growth, out_i, out_g,
+        int(r_max), float(deadline_s), grow, has_growth, score == "exact", stage1 == "fit", slo,
+        out_i, out_g,
     )
     return Assignment(pool_index=out_i[:count], replica=out_g[:count])
 
@@ -142,51 +166,73 @@ def _two_stage_numpy(
     r_max: int,
     deadline_s: float,
     growth: NDArray | None = None,
+    score: str = "exact",
+    stage1: str = "fit",
+    ttft_slo_s: float | None = None,
 ) -> Assignment:
     """:func:`two_stage_assign` in numpy, for installs without numba (same decisions up to
     floating-point summation order, which BLAS may choose differently)."""
+    if int(r_max) < 1:
+        raise ValueError(f"{r_max=} must be >= 1")
     loads = np.array(proj_loads, dtype=np.float64, copy=True)
     free = np.array(free_slots, dtype=np.int64, copy=True)
     sizes = np.asarray(prompt_len, dtype=np.float64)
     d = np.asarray(d, dtype=np.float64)
     n_pool = sizes.shape[0]
+    exact = score == "exact" and growth is not None
+    # c[i, h]: what request i adds to L̂(h) once placed
+    contrib = sizes[:, None] + (np.zeros((n_pool, d.shape[0])) if growth is None else growth)
+    value = alpha * (contrib @ d) if exact else alpha * d.sum() * sizes  # linear term of F({i})
+    slo = float("inf") if ttft_slo_s is None else float(ttft_slo_s)
+    waited = np.asarray(wait, dtype=np.float64)
+    bonus = value.max() * (waited / slo) if np.isfinite(slo) and n_pool else np.zeros(n_pool)
     alive = np.ones(n_pool, dtype=bool)
     pool_order = np.arange(n_pool)
     out_i: list[int] = []
     out_g: list[int] = []
-    big = -np.inf
 
     def place(i: int, g: int) -> None:
-        loads[g] += sizes[i] if growth is None else sizes[i] + growth[i]
+        loads[g] += contrib[i] if growth is not None else sizes[i]
         free[g] -= 1
         alive[i] = False
         out_i.append(i)
         out_g.append(g)
 
-    def replica_margins(g: int) -> NDArray:
+    def replica_margins(g: NDArray | int) -> NDArray:
         return loads.max(axis=0) - loads[g]
+
+    def scores(traj: NDArray, m: NDArray) -> NDArray:
+        """F of trajectories ``traj`` (..., H+1) against margins ``m`` (..., H+1)."""
+        return alpha * (traj @ d) - beta * (np.maximum(traj - m, 0.0) @ d)
+
+    def single_traj() -> NDArray:
+        return contrib if exact else sizes[:, None] * np.ones_like(d)
 
     remaining = min(int(free.sum()), n_pool)
 
     # (0) pool deadline: the KV lease of a pooled request is about to expire.
-    waited = np.asarray(wait, dtype=np.float64)
     late = np.flatnonzero(waited >= deadline_s)
     for i in late[np.argsort(-waited[late], kind="stable")]:
         if len(out_i) == remaining:
             break
         open_g = np.flatnonzero(free > 0)
-        m_open = loads.max(axis=0) - loads[open_g]
-        scores = alpha * d.sum() * sizes[i] - beta * (np.maximum(sizes[i] - m_open, 0.0) @ d)
+        m_open = replica_margins(open_g)
+        f = scores(single_traj()[i][None, :], m_open)
         # best F; ties: more free slots, then larger margin m(0)
-        best = np.lexsort((-m_open[:, 0], -free[open_g], -scores))[0]
+        best = np.lexsort((-m_open[:, 0], -free[open_g], -f))[0]
         place(int(i), int(open_g[best]))
 
-    # (1) plenty of room: greedy fill, largest F({i}) to the emptiest replica.
+    # (1) plenty of room: one replica at a time takes its best single request.
     while len(out_i) < remaining and free.sum() > s_greedy:
-        open_g = np.flatnonzero(free == free.max())
-        g = int(open_g[np.argmin(loads[open_g, 0])])
-        f1 = _score(sizes, replica_margins(g), d, alpha, beta)
-        f1[~alive] = big
+        open_g = np.flatnonzero(free > 0)
+        if stage1 == "fit":  # the largest margin m(0), ties: more free slots
+            m0 = loads.max(axis=0)[0] - loads[open_g, 0]
+            g = int(open_g[np.lexsort((-free[open_g], -m0))[0]])
+        else:  # the paper's rule: most free slots, ties: lower load
+            open_g = np.flatnonzero(free == free.max())
+            g = int(open_g[np.argmin(loads[open_g, 0])])
+        f1 = scores(single_traj(), replica_margins(g)) + bonus
+        f1[~alive] = -np.inf
         place(int(np.argmax(f1)), g)
 
     # (2) scarce room: best subset of the top r_max candidates for the top replica.
@@ -195,14 +241,16 @@ def _two_stage_numpy(
         m0 = loads.max(axis=0)[0] - loads[open_g, 0]
         g = int(open_g[np.argmax(m0)])
         m = replica_margins(g)
-        f1 = _score(sizes, m, d, alpha, beta)
-        f1[~alive] = big
+        f1 = scores(single_traj(), m) + bonus
+        f1[~alive] = -np.inf
         k = min(r_max, n_pool - len(out_i))
-        cand = np.lexsort((pool_order, -f1))[:k]  # best F({i}) first; ties: pool order
-        chosen, best = best_subset(sizes[cand], m, min(int(free[g]), k), d, alpha, beta)
-        if best <= 0.0:
-            chosen = np.zeros(1, dtype=np.int64)  # starvation guard: best single request
-        for j in chosen:
+        cand = np.lexsort((pool_order, -f1))[:k]  # best F({i}) + u_i first; ties: pool order
+        masks = subset_masks(k)
+        masks = masks[masks.sum(axis=1) <= min(int(free[g]), k)]
+        f_q = scores(masks @ single_traj()[cand], m) + masks @ bonus[cand]
+        best = int(np.argmax(f_q))
+        chosen = np.flatnonzero(masks[best]) if f_q[best] > 0.0 else np.zeros(1, dtype=np.int64)
+        for j in chosen:  # (else: starvation guard, the best single request)
             place(int(cand[j]), g)
 
     return Assignment(

@@ -9,31 +9,52 @@ import numpy as np
 from ..state import Assignment, ClusterState, PoolView
 from ..two_stage import two_stage_assign
 
+__all__ = ["BR0Policy", "check_tick_params"]
+
 _ONE = np.ones(1, dtype=np.float64)
+
+
+def check_tick_params(p: object) -> None:
+    """Validate the tick parameters BR-0 and BR-H share (``ValueError`` naming the field)."""
+    if p.s_greedy < 0:
+        raise ValueError(f"{p.s_greedy=} must be >= 0")
+    if not 1 <= p.r_max <= 12:
+        raise ValueError(f"{p.r_max=} must be in 1..12")
+    if not p.deadline_s > 0:
+        raise ValueError(f"{p.deadline_s=} must be > 0")
+    if p.stage1 not in ("fit", "paper"):
+        raise ValueError(f"{p.stage1=} must be 'fit' or 'paper'")
+    if p.ttft_slo_s is not None and not (p.ttft_slo_s > 0 and np.isfinite(p.ttft_slo_s)):
+        raise ValueError(f"{p.ttft_slo_s=} must be a number of seconds > 0 (or None: off)")
 
 
 @dataclass(slots=True, kw_only=True)
 class BR0Policy:
-    """Two-stage tick scoring each candidate set by ``F_g(Q) = Δ − G·(Δ − m_g)_+`` on the
-    current loads: fill safe margins 1:1, punish overflow (G − 1)-fold.
+    """Two-stage tick scoring each candidate set by ``F_g(Q) = Δ − β·(Δ − m_g)_+`` on the
+    current loads (β = ``beta_per_replica``·G; 1·G is minus the change of I): fill safe margins
+    1:1, punish overflow.
 
-    ``s_greedy``: Stage 1 runs while more slots than this are free; ``r_max``: Stage 2 subset
-    candidates; ``deadline_s``: pooled requests older than this are placed first (vLLM's NIXL
-    KV lease is 30 s).
+    ``s_greedy``: Stage 1 runs while more slots than this are free; ``stage1``: ``"fit"`` gives
+    each request the replica where it scores best, ``"paper"`` the replica with most free slots;
+    ``r_max``: Stage 2 subset candidates; ``deadline_s``: pooled requests older than this are
+    placed first (vLLM's NIXL KV lease is 30 s); ``ttft_slo_s``: the soft first-token deadline
+    — a pooled request that has waited w gains the urgency bonus U·w/``ttft_slo_s`` (U: the
+    pool's largest single-request value), so at w = ``ttft_slo_s`` it outranks any request that
+    merely fits (``papers/ttft.md``); ``None`` turns it off.
     """
 
     s_greedy: int = 8
     r_max: int = 4
     deadline_s: float = 30.0
+    beta_per_replica: float = 1.0
+    stage1: str = "fit"
+    ttft_slo_s: float | None = None
     name: str = "br0"
 
     def __post_init__(self) -> None:
-        if self.s_greedy < 0:
-            raise ValueError(f"{self.s_greedy=} must be >= 0")
-        if not 1 <= self.r_max <= 12:
-            raise ValueError(f"{self.r_max=} must be in 1..12")
-        if self.deadline_s <= 0:
-            raise ValueError(f"{self.deadline_s=} must be > 0")
+        check_tick_params(self)
+        if not self.beta_per_replica > 0:
+            raise ValueError(f"{self.beta_per_replica=} must be > 0")
 
     def assign(self, state: ClusterState, pool: PoolView) -> Assignment:
         """One BR-0 tick on the current loads."""
@@ -44,8 +65,10 @@ class BR0Policy:
             pool.wait,
             d=_ONE,
             alpha=1.0,
-            beta=float(state.num_replicas),
+            beta=self.beta_per_replica * state.num_replicas,
             s_greedy=self.s_greedy,
             r_max=self.r_max,
             deadline_s=self.deadline_s,
+            stage1=self.stage1,
+            ttft_slo_s=self.ttft_slo_s,
         )

@@ -12,6 +12,7 @@ from ..projection import departure_steps, placement_growth, project_loads
 from ..state import Assignment, ClusterState, PoolView
 from ..two_stage import two_stage_assign
 from ..workloads.base import Workload
+from .br0 import check_tick_params
 
 __all__ = ["DEFAULT_BETA_PER_REPLICA", "BRHPolicy"]
 
@@ -51,6 +52,9 @@ class BRHPolicy:
     r_max: int = 4
     deadline_s: float = 30.0
     gate: float = 0.5
+    score: str = "exact"
+    stage1: str = "fit"
+    ttft_slo_s: float | None = None
     name: str = "brh"
 
     def __post_init__(self) -> None:
@@ -61,12 +65,9 @@ class BRHPolicy:
             raise ValueError(f"{self.alpha=} must be > 0")
         if self.beta is not None and not self.beta > 0:
             raise ValueError(f"{self.beta=} must be > 0 (or None for 16·G)")
-        if self.s_greedy < 0:
-            raise ValueError(f"{self.s_greedy=} must be >= 0")
-        if not 1 <= self.r_max <= 12:
-            raise ValueError(f"{self.r_max=} must be in 1..12")
-        if self.deadline_s <= 0:
-            raise ValueError(f"{self.deadline_s=} must be > 0")
+        check_tick_params(self)
+        if self.score not in ("exact", "paper"):
+            raise ValueError(f"{self.score=} must be 'exact' or 'paper'")
         if not 0.0 <= self.gate <= 1.0:
             raise ValueError(f"{self.gate=} must be in [0, 1]")
 
@@ -115,4 +116,7 @@ class BRHPolicy:
             r_max=self.r_max,
             deadline_s=self.deadline_s,
             growth=placement_growth(pool.prompt_len, dep_pool, h),
+            score=self.score,
+            stage1=self.stage1,
+            ttft_slo_s=self.ttft_slo_s,
         )

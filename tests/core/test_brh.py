@@ -244,19 +244,20 @@ def test_noise_predictor_does_not_hurt_thanks_to_the_gate():
     # G = 8, B = 32, heavy-tailed outputs (median ~665 steps): six seeded traces, each split
     # in half (train/test). Per-trace ratios swing ±30 %, so the check is on their mean.
     cfg = SimConfig(num_replicas=8, slots=32)
-    gated, ungated, throughput = [], [], []
+    ratios: dict[tuple[str, float], list[float]] = {}
+    throughput = []
     for seed in range(6):
         train, test = split_workload(lognormal_workload(3000, seed=seed, output_mu=6.5), 0.5)
         base = simulate(test, get_policy("br0"), cfg).metrics
-        noisy, raw = (
-            simulate(test, build_policy("brh-noise", train=train, test=test, num_replicas=8,
-                                        seed=seed, gate=gate), cfg).metrics
-            for gate in (0.5, 0.0)
-        )
-        gated.append(noisy["mean_imbalance"] / base["mean_imbalance"])
-        ungated.append(raw["mean_imbalance"] / base["mean_imbalance"])
-        throughput.append(noisy["throughput_tok_s"] / base["throughput_tok_s"])
-    # measured: gated 0.90, ungated 1.25, throughput 1.008 (mean ratios to BR-0)
-    assert np.mean(gated) <= 1.03
+        for score, gate in (("exact", 0.5), ("exact", 0.0), ("paper", 0.0)):
+            m = simulate(test, build_policy("brh-noise", train=train, test=test, num_replicas=8,
+                                            seed=seed, gate=gate, score=score), cfg).metrics
+            ratios.setdefault((score, gate), []).append(m["mean_imbalance"] / base["mean_imbalance"])
+            if gate:
+                throughput.append(m["throughput_tok_s"] / base["throughput_tok_s"])
+    # measured (mean ratios to BR-0): exact gated 0.98, exact ungated 0.97, paper ungated 1.15,
+    # throughput 1.006. The exact score discounts a candidate's own (wrongly) forecast stay
+    # instead of its whole window, so even ungated noise does not hurt it; the paper's does.
+    assert np.mean(ratios["exact", 0.5]) <= 1.03
     assert np.mean(throughput) >= 0.99
-    assert np.mean(ungated) > np.mean(gated) + 0.15  # without the gate the noise does hurt
+    assert np.mean(ratios["paper", 0.0]) > np.mean(ratios["exact", 0.0]) + 0.1

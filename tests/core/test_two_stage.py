@@ -102,18 +102,40 @@ def test_tick_matches_literal_reference_horizon(instance, data):
     assert list(zip(got.pool_index.tolist(), got.replica.tolist())) == want
 
 
-def test_stage1_fills_the_emptiest_replica_with_the_largest_prompt():
+def test_stage1_paper_rule_fills_the_emptiest_replica():
     # G = 2, both empty with 4 free slots, S_greedy = 0 → Stage 1 throughout (while Σ free > 0).
-    # Step 1: tie on free slots, lower load → replica 0; margins 0 → F = s - 2s < 0, best = 100.
+    # The paper's rule: the replica with most free slots (ties: lower load) takes the best F({i}).
+    # 100 → g0 (tie, margins 0: F = s − 2s, best = 100); g1 (4 free) margin 100: F(300) = −100,
+    # F(200) = 0 → 200; g0 and g1 both 3 free → lower load g0, margin 100: 300 → g0.
     got = two_stage_assign(
         np.zeros((2, 1)), np.array([4, 4]), np.array([100, 300, 200]), np.zeros(3),
+        d=np.ones(1), alpha=1.0, beta=2.0, s_greedy=0, r_max=4, deadline_s=30.0, stage1="paper",
+    )
+    assert got.pool_index.tolist() == [0, 2, 1]
+    assert got.replica.tolist() == [0, 1, 0]  # loads 400 / 200: I = 200
+
+
+def test_stage1_fit_rule_takes_the_largest_margin_first():
+    # The shipped rule: the replica with the largest margin takes its best F({i}).
+    # loads 0 / 600, 4 + 1 free: g0 (margin 600) takes the best fit: 300 + … F(300) = 300 (fits)
+    # beats F(100) = 100 and F(200) = 200; then g0 margin 300 → 200; then margin 100 → 100.
+    # Loads 600 / 600: I = 0. The paper's rule gives the same requests to g0 here (most free
+    # slots) but in the order of F, too.
+    got = two_stage_assign(
+        np.array([[0.0], [600.0]]), np.array([4, 1]), np.array([100, 300, 200]), np.zeros(3),
         d=np.ones(1), alpha=1.0, beta=2.0, s_greedy=0, r_max=4, deadline_s=30.0,
     )
-    # then replica 1 (more free) takes 300 (margin 100: F(300) = 300 - 400 < F(100)=100; F(200) = 0)
-    # 100 → g0; g1 has 4 free: margin 100, F: 300→-100, 200→0 → 200 → g1; then g0 (4 > 3 → no:
-    # g0 has 3, g1 has 3 → tie → lower load g0 (100 < 200)), margin 100: 300 → -100 → g0.
-    assert got.pool_index.tolist() == [0, 2, 1]
-    assert got.replica.tolist() == [0, 1, 0]
+    assert got.pool_index.tolist() == [1, 2, 0]
+    assert got.replica.tolist() == [0, 0, 0]
+
+
+def test_stage1_below_saturation_prefers_fit_over_free_slots():
+    # One pooled request, plenty of room: replica 0 has the most free slots but is the envelope;
+    # the paper's rule overflows it, the fit rule puts the request in replica 1's margin.
+    args = (np.array([[1000.0], [400.0]]), np.array([8, 2]), np.array([500]), np.zeros(1))
+    kw = dict(d=np.ones(1), alpha=1.0, beta=2.0, s_greedy=0, r_max=4, deadline_s=30.0)
+    assert two_stage_assign(*args, stage1="paper", **kw).replica.tolist() == [0]
+    assert two_stage_assign(*args, **kw).replica.tolist() == [1]
 
 
 def test_deadline_goes_first():
