@@ -12,6 +12,7 @@ from numpy.typing import ArrayLike, NDArray
 __all__ = [
     "discounts",
     "envelope",
+    "exact_horizon_score",
     "f_score",
     "horizon_f_score",
     "imbalance",
@@ -65,3 +66,17 @@ def horizon_f_score(
     dl = np.asarray(delta, dtype=np.float64)
     over = np.maximum(dl[..., None] - np.asarray(margin_vec, dtype=np.float64), 0.0)
     return alpha * dd.sum() * dl - beta * (over @ dd)
+
+
+def exact_horizon_score(
+    traj: ArrayLike, margin_vec: ArrayLike, d: ArrayLike, alpha: float, beta: float
+) -> NDArray:
+    """The shipped BR-H score ``F = α·dᵀδ − β·dᵀ(δ − m)_+`` of a contribution trajectory
+    ``δ(h) = Σ_{i∈Q} c_i(h)`` (``traj``: shape ``(..., H+1)``), with ``c_i(h) = s_i + h`` while h
+    is inside request i's projected stay and 0 after. With α = 1, β = G it is minus the change of
+    the discounted projected imbalance ``Σ_h d_h·I(h)`` when Q joins the replica whose margins
+    are ``margin_vec`` (``papers/horizon_score.md``); with H = 0 it is :func:`f_score`."""
+    dd = np.asarray(d, dtype=np.float64)
+    tr = np.asarray(traj, dtype=np.float64)
+    over = np.maximum(tr - np.asarray(margin_vec, dtype=np.float64), 0.0)
+    return alpha * (tr @ dd) - beta * (over @ dd)

@@ -6,7 +6,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balanceroute.core.model import f_score, horizon_f_score
+import pytest
+
+from balanceroute.core.model import exact_horizon_score, f_score, horizon_f_score
+from balanceroute.core.projection import placement_growth
 from balanceroute.core.two_stage import best_subset, subset_masks, two_stage_assign
 from benchmarks.reference import reference_tick
 
@@ -155,3 +158,70 @@ def test_starvation_guard_places_a_request_even_when_all_overflow():
         d=np.ones(1), alpha=1.0, beta=2.0, s_greedy=0, r_max=4, deadline_s=30.0,
     )
     assert got.pool_index.tolist() == [1]  # F(3) = 3 - 6 = -3 beats F(7) = -7
+
+
+# --- the exact horizon marginal ----------------------------------------------------------------
+
+horizon_states = st.integers(1, 4).flatmap(
+    lambda g: st.integers(0, 5).flatmap(
+        lambda h: st.tuples(
+            st.just(g), st.just(h),
+            st.lists(st.lists(st.integers(0, 3000), min_size=h + 1, max_size=h + 1), min_size=g, max_size=g),
+            st.lists(st.tuples(st.integers(1, 2000), st.integers(1, h + 1)), min_size=1, max_size=4),
+            st.integers(0, g - 1),
+        )
+    )
+)
+
+
+def _discounted_imbalance(loads: np.ndarray, d: np.ndarray) -> float:
+    g_count = loads.shape[0]
+    return float(sum(d[h] * (g_count * loads[:, h].max() - loads[:, h].sum()) for h in range(loads.shape[1])))
+
+
+@settings(max_examples=300, deadline=None)
+@given(horizon_states, st.sampled_from([1.0, 0.5]))
+def test_exact_score_is_minus_the_change_of_discounted_imbalance(state, gamma):
+    g_count, horizon, proj, cands, g = state
+    loads = np.array(proj, dtype=float)
+    d = gamma ** np.arange(horizon + 1)
+    # a candidate of prompt s staying dep steps contributes (s + h)·[h < dep]
+    traj = sum(np.where(np.arange(horizon + 1) < dep, s + np.arange(horizon + 1), 0.0) for s, dep in cands)
+    after = loads.copy()
+    after[g] += traj
+    margin = loads.max(axis=0) - loads[g]
+    got = float(exact_horizon_score(traj, margin, d, 1.0, float(g_count)))
+    assert got == pytest.approx(_discounted_imbalance(loads, d) - _discounted_imbalance(after, d))
+    if horizon == 0:  # BR-0's F exactly
+        assert got == float(f_score(sum(s for s, _ in cands), margin[0], g_count))
+
+
+@settings(max_examples=200, deadline=None)
+@given(horizon_states)
+def test_tick_picks_the_subset_with_the_best_true_marginal(state):
+    # one replica with free slots and Stage 2 only: the tick's Q* must be the subset (|Q| ≤ free)
+    # whose placement lowers Σ_h d_h·I(h) the most, by brute force over all subsets
+    g_count, horizon, proj, cands, g = state
+    loads = np.array(proj, dtype=float)
+    free = np.zeros(g_count, dtype=np.int64)
+    free[g] = 3
+    prompt = np.array([s for s, _ in cands], dtype=np.int64)
+    dep = np.array([dep for _, dep in cands], dtype=np.int64)
+    growth = placement_growth(prompt, dep, horizon)
+    d = np.ones(horizon + 1)
+    got = two_stage_assign(loads, free, prompt, np.zeros(len(cands)), d=d, alpha=1.0,
+                           beta=float(g_count), s_greedy=1 << 30, r_max=4, deadline_s=30.0,
+                           growth=growth)
+    before = _discounted_imbalance(loads, d)
+
+    def gain(q) -> float:
+        after = loads.copy()
+        for i in q:
+            after[g] += prompt[i] + growth[i]
+        return before - _discounted_imbalance(after, d)
+
+    first = [i for i, r in zip(got.pool_index.tolist(), got.replica.tolist()) if r == g][:3]
+    best = max(gain(q) for k in range(1, min(3, len(cands)) + 1) for q in combinations(range(len(cands)), k))
+    if best > 0:  # (else the starvation guard places the best single request)
+        # Q* is the first pop's placements: a prefix of the replica's decisions
+        assert any(gain(first[:k]) == pytest.approx(best) for k in range(1, len(first) + 1))
