@@ -76,7 +76,7 @@ def make_factory(
     if not 0.0 < train_fraction < 1.0:
         raise ValueError(f"{train_fraction=} must be in (0, 1)")
     names = default_policy_names() if names is None else list(names)
-    if any(n in BRH_VARIANTS for n in names):
+    if any(n in BRH_VARIANTS or n == "bfio" for n in names):
         train, test = split_workload(workload, train_fraction)
         return PolicyFactory(test, train, num_replicas, seed)
     return PolicyFactory(workload, None, num_replicas, seed)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .base import FifoPolicy, Policy
+from .bfio import BFIOPolicy, bfio_h0
 from .br0 import BR0Policy
 from .brh import BRHPolicy
 from .jsq import JSQPolicy
@@ -28,6 +29,8 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "least_load": LeastLoadPolicy,
     "br0": BR0Policy,
     "brh": BRHPolicy,
+    "bfio-h0": bfio_h0,
+    "bfio": BFIOPolicy,
 }
 
 #: The policies the paper compares against (the "best baseline" of its Table 1).

@@ -13,6 +13,7 @@ from ..predictors import fit_predictor
 from ..workloads.base import Workload
 from . import BASELINES, get_policy
 from .base import Policy
+from .bfio import BFIOPolicy
 from .brh import BRHPolicy
 
 __all__ = ["ALL_POLICY_NAMES", "BRH_VARIANTS", "accepted_policy_names", "build_policy"]
@@ -27,9 +28,14 @@ BRH_VARIANTS: dict[str, str] = {
 """``brh-*`` policy name → predictor name (``core.predictors.PREDICTORS``)."""
 
 ALL_POLICY_NAMES: tuple[str, ...] = (
-    *BASELINES, "br0", "brh-survival", "brh-exact", "brh-learned", "brh-oracle",
+    *BASELINES, "bfio-h0", "bfio", "br0", "brh-survival", "brh-exact", "brh-learned", "brh-oracle",
 )
-"""The rows of ``balanceroute compare`` by default, in the paper's Table 1 order."""
+"""The rows of ``balanceroute compare`` by default: the paper's Table 1 order, with the prior art
+BF-IO (``bfio-h0``; ``bfio`` with exact output lengths, its simulator's default) after the
+baselines."""
+
+BFIO_PREDICTOR = "oracle"
+"""The forecast ``bfio`` runs on: its authors' simulator uses the true output lengths."""
 
 
 def accepted_policy_names() -> list[str]:
@@ -74,6 +80,15 @@ def build_policy(
         except TypeError as exc:
             raise ValueError(f"policy {name!r}: {exc}") from None
         return policy.bind(test)
+    if name == "bfio":
+        if train is None:
+            raise ValueError("policy 'bfio' needs a training workload to fit its predictor")
+        horizon = int(params.get("horizon", BFIOPolicy().horizon))
+        predictor = fit_predictor(BFIO_PREDICTOR, train, horizon=max(horizon, 1), seed=seed)
+        try:
+            return BFIOPolicy(predictor=predictor, **params).bind(test)
+        except TypeError as exc:
+            raise ValueError(f"policy 'bfio': {exc}") from None
     if name == "brh":
         try:
             return BRHPolicy(**params).bind(test)
