@@ -240,6 +240,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_tune_args(p)
     p.set_defaults(handler=run_tune)
 
+    from balanceroute.analysis.quality import add_quality_args, run_quality
+
+    p = sub.add_parser("quality", help="the decision-quality matrix and its acceptance rules",
+                       description="Run the quality matrix (saturated and open-loop cells for "
+                                   "jsq, least_load, bfio-h0, br0, brh-survival, brh-oracle) or "
+                                   "the TTFT experiments; print per-cell numbers and how many "
+                                   "cells break each rule.")
+    add_quality_args(p)
+    p.set_defaults(handler=run_quality)
+
     p = sub.add_parser("reproduce", help="regenerate every table and figure next to the paper's",
                        description="Run the declared experiment grids (cached per cell), write "
                                    "tidy CSVs, PNG figures and REPORT.md with our numbers next "

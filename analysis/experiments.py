@@ -299,6 +299,10 @@ def declare(profile: Profile, available: list[str], *, solvers: bool | None = No
                           ("time_limit_s", 20.0)))
             for g in profile.ratio_replicas
         ]
+    if profile.name in ("quick", "full"):  # decision quality and TTFT (analysis/quality.py)
+        from .quality import declare_quality
+
+        grids.update(declare_quality(profile.name, sorted(have)))
     return {name: [_with_code(c) for c in cells] for name, cells in grids.items()}
 
 
@@ -308,7 +312,7 @@ def _with_code(cell: Cell) -> Cell:
     if cell.kind in ("tick_gap", "clairvoyant_gap", "competitive_ratio"):
         part = "solvers"
     else:
-        part = "brh" if cell.policy.startswith("brh") else "base"
+        part = "brh" if cell.policy.startswith(("brh", "bfio")) else "base"
     return dataclasses.replace(cell, code=code_fingerprint(part))
 
 
@@ -631,8 +635,15 @@ def _run_competitive_ratio(cell: Cell) -> list[dict[str, Any]]:
     return rows
 
 
+def _run_quality(cell: Cell) -> list[dict[str, Any]]:
+    from .quality import run_quality_cell
+
+    return run_quality_cell(cell)
+
+
 RUNNERS: dict[str, Callable[[Cell], list[dict[str, Any]]]] = {
     "simulate": _run_simulate,
+    "quality": _run_quality,
     "tick_timing": _run_tick_timing,
     "balls": _run_balls,
     "tick_gap": _run_tick_gap,

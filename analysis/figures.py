@@ -542,5 +542,7 @@ FIGURES: dict[str, tuple[str, Any]] = {
     "optimality_tick_gap": ("tick_gap", fig_tick_gap),
     "optimality_clairvoyant_gap": ("clairvoyant_gap", fig_clairvoyant_gap),
     "optimality_competitive_ratio": ("competitive_ratio", fig_competitive_ratio),
+    "ttft_pareto": ("ttft_pareto", lambda rows, path: __import__(
+        "balanceroute.analysis.quality", fromlist=["draw_pareto"]).draw_pareto(rows, path)),
 }
 """Figure name → (the experiment CSV it reads, the function drawing it)."""

@@ -727,6 +727,9 @@ def _rows_fraction(data: dict[str, list[dict]]) -> str:
     return f"{100 * float(rows[0]['train_fraction']):.0f}%" if rows else "50%"
 
 
+from .quality import quality_section  # noqa: E402  (the decision-quality / TTFT section)
+
+
 def build_report(out_dir: str | Path, ctx: ReportContext, figures: dict[str, str]) -> str:
     """The Markdown of ``REPORT.md`` for the CSVs under ``<out_dir>/data``; ``figures`` maps
     figure names to paths relative to ``out_dir``."""
@@ -751,6 +754,7 @@ def build_report(out_dir: str | Path, ctx: ReportContext, figures: dict[str, str
         _section_theory(data.get("scaling", []), data.get("balls_into_bins", []), figures, summary_lines),
         _section_step(data.get("step_model", []), figures, summary_lines),
         _section_slots(data.get("slots", []), figures, summary_lines),
+        quality_section(data, figures),
     ]
     discussion_path = out / "DISCUSSION.md"
     discussion = (discussion_path.read_text().strip() if discussion_path.exists() else

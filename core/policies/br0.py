@@ -48,7 +48,7 @@ class BR0Policy:
     deadline_s: float = 30.0
     beta_per_replica: float = 1.0
     stage1: str = "fit"
-    ttft_slo_s: float | None = None
+    ttft_slo_s: float | None = 4.0
     name: str = "br0"
 
     def __post_init__(self) -> None:

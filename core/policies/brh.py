@@ -54,7 +54,7 @@ class BRHPolicy:
     gate: float = 0.5
     score: str = "exact"
     stage1: str = "fit"
-    ttft_slo_s: float | None = None
+    ttft_slo_s: float | None = 4.0
     name: str = "brh"
 
     def __post_init__(self) -> None:

@@ -3,10 +3,9 @@
 from itertools import combinations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import pytest
 
 from balanceroute.core.model import exact_horizon_score, f_score, horizon_f_score
 from balanceroute.core.projection import placement_growth

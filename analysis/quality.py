@@ -1,0 +1,354 @@
+"""Decision quality (issue 10) and time to first token (issue 11): grids, runner, rules, report.
+
+Three experiments, each a declared grid of :class:`~.sweep.Cell` s of kind ``quality``:
+
+- ``quality``: the quality matrix — saturated cells (workload × G × requests × seed) and
+  open-loop cells (workload × G × offered load, as a multiple of the measured saturated
+  capacity) for :data:`QUALITY_POLICIES`, with the acceptance rules of :func:`rule_violations`.
+- ``ttft_pareto``: mean imbalance and loaded throughput against TTFT P99 as ``ttft_slo_s`` moves,
+  for the BR rows (the knob) and the baselines (one point each).
+- ``ttft_open_loop``: TTFT P50/P99, TPOT P95 and imbalance at 0.7, 0.9 and 1.0 of capacity.
+
+Every cell splits its trace the same way whatever the policy (first half trains the predictors,
+the second half is simulated), so rows of one cell always share one workload.
+
+**Capacity** (open-loop cells): the saturated request throughput of JSQ on the same test half,
+G and B — loaded-phase tokens per second divided by the mean output length (requests per
+second a FIFO router sustains with the pool never empty). A load ρ replays the trace's arrival
+times compressed to ρ × capacity requests per second (``rate_scale = ρ·capacity / native``,
+native = requests / arrival span).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Iterable
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from .sweep import Cell
+
+__all__ = [
+    "QUALITY_POLICIES",
+    "RULES",
+    "declare_quality",
+    "quality_section",
+    "rule_violations",
+    "run_quality_cell",
+]
+
+QUALITY_POLICIES = ("jsq", "least_load", "bfio-h0", "br0", "brh-survival", "brh-oracle")
+"""The matrix's rows: two FIFO baselines, the prior art, and BalanceRoute's deployable and
+clairvoyant rows."""
+
+BASELINE_ROWS = ("jsq", "least_load", "bfio-h0")
+PARETO_KNOB = ("off", 1.0, 2.0, 4.0, 8.0, 16.0)
+"""``ttft_slo_s`` values of the Pareto experiment (``off``: the hard 30 s deadline only)."""
+
+METRICS = ("mean_imbalance", "throughput_loaded_tok_s", "tpot_ms_p95", "ttft_s_p50", "ttft_s_p99",
+           "pool_wait_p99_s")
+
+RULES = {
+    "oracle<=br0": "brh-oracle ≤ br0",
+    "survival<=1.02br0": "brh-survival ≤ 1.02 × br0",
+    "best_br<=bfio-h0": "min(br0, brh-survival) ≤ bfio-h0",
+    "best_br<=baselines": "min(br0, brh-survival) ≤ jsq and least_load",
+    "throughput_ranks_like_imbalance": "loaded throughput orders the rows as imbalance does",
+}
+"""Per-cell acceptance rules of the matrix (mean imbalance unless said otherwise)."""
+
+
+def _grid(profile: str) -> dict[str, Any]:
+    if profile == "full":
+        return dict(workloads=("azure-2024-long", "servegen-r1", "mooncake-conv", "azure-conv-2023"),
+                    open_workloads=("azure-2024-long", "servegen-r1", "mooncake-conv",
+                                    "azure-conv-2023", "azure-code-2023", "azure-2024"),
+                    replicas=(8, 16), requests=(3_000, 20_000), seeds=(0, 1, 2, 3, 4),
+                    loads=(0.5, 0.8, 1.0, 1.2), open_requests=6_000, pareto_requests=3_000)
+    if profile == "quick":
+        return dict(workloads=("azure-2024-long", "servegen-r1", "mooncake-conv", "azure-conv-2023"),
+                    open_workloads=("servegen-r1", "mooncake-conv", "azure-conv-2023"),
+                    replicas=(8,), requests=(3_000,), seeds=(0,), loads=(0.5, 1.0),
+                    open_requests=3_000, pareto_requests=3_000)
+    raise ValueError(f"{profile=} must be 'quick' or 'full'")
+
+
+GENERATED = ("servegen-r1", "azure-2024", "azure-2024-long")
+
+
+def declare_quality(profile: str, available: Iterable[str], *, code: str = "") -> dict[str, list[Cell]]:
+    """The three experiments' cells for ``profile`` (``quick`` or ``full``), restricted to the
+    ``available`` policies. Replays (fixed traces) run seed 0 only."""
+    g = _grid(profile)
+    have = [p for p in QUALITY_POLICIES if p in set(available)]
+    sat = [
+        Cell(experiment="quality", kind="quality", workload=w, policy=p, replicas=G,
+             requests=n, seed=s, code=code, options=(("load", "saturated"),))
+        for w in g["workloads"] for G in g["replicas"] for n in g["requests"]
+        for s in (g["seeds"] if w in GENERATED else (0,)) for p in have
+    ]
+    opn = [
+        Cell(experiment="quality", kind="quality", workload=w, policy=p, replicas=G,
+             requests=g["open_requests"], seed=0, code=code, options=(("load", rho),))
+        for w in g["open_workloads"] for G in g["replicas"] for rho in g["loads"] for p in have
+    ]
+    pareto_policies = [p for p in ("br0", "brh-survival") if p in have]
+    pareto = [
+        Cell(experiment="ttft_pareto", kind="quality", workload=w, policy=p, replicas=8,
+             requests=g["pareto_requests"], seed=0, code=code,
+             options=(("load", "saturated"), ("ttft_slo_s", k)))
+        for w in ("azure-2024-long", "servegen-r1", "mooncake-conv")
+        for p in pareto_policies for k in PARETO_KNOB
+    ] + [
+        Cell(experiment="ttft_pareto", kind="quality", workload=w, policy=p, replicas=8,
+             requests=g["pareto_requests"], seed=0, code=code, options=(("load", "saturated"),))
+        for w in ("azure-2024-long", "servegen-r1", "mooncake-conv")
+        for p in ("jsq", "least_load", "bfio-h0") if p in have
+    ]
+    ttft_open = [
+        Cell(experiment="ttft_open_loop", kind="quality", workload=w, policy=p, replicas=8,
+             requests=g["open_requests"], seed=0, code=code, options=(("load", rho),))
+        for w in ("azure-2024-long", "servegen-r1", "mooncake-conv")
+        for rho in (0.7, 0.9, 1.0) for p in have
+    ]
+    return {"quality": sat + opn, "ttft_pareto": pareto, "ttft_open_loop": ttft_open}
+
+
+@lru_cache(maxsize=8)
+def _load(workload: str, requests: int, seed: int):
+    from balanceroute.core.workloads import load_workload
+
+    w = load_workload(workload, requests=requests, seed=seed)
+    cut = len(w) // 2
+    return w.take(np.arange(cut)), w.take(np.arange(cut, len(w)))
+
+
+@lru_cache(maxsize=32)
+def saturated_capacity(workload: str, requests: int, seed: int, replicas: int, slots: int) -> float:
+    """Requests per second JSQ sustains saturated on the test half (module docstring)."""
+    from balanceroute.core.policies import get_policy
+    from balanceroute.core.simulator import SimConfig, simulate
+
+    _, test = _load(workload, requests, seed)
+    m = simulate(test, get_policy("jsq"), SimConfig(num_replicas=replicas, slots=slots)).metrics
+    return float(m["throughput_loaded_tok_s"] / test.output_len.mean())
+
+
+def run_quality_cell(cell: Cell) -> list[dict[str, Any]]:
+    """One policy on one matrix cell: its metrics (and, open loop, the capacity and rate used)."""
+    from balanceroute.core.policies.variants import build_policy
+    from balanceroute.core.simulator import SimConfig, simulate
+
+    train, test = _load(cell.workload, int(cell.requests or 3_000), cell.seed)
+    load = cell.option("load", "saturated")
+    params: dict[str, Any] = {}
+    knob = cell.option("ttft_slo_s", None)
+    if knob is not None:
+        params["ttft_slo_s"] = None if knob == "off" else float(knob)
+    policy = build_policy(cell.policy, train=train, test=test, num_replicas=cell.replicas,
+                          seed=cell.seed, **params)
+    extra: dict[str, Any] = {}
+    if load == "saturated":
+        config = SimConfig(num_replicas=cell.replicas, slots=cell.slots, check_assignments=False)
+    else:
+        cap = saturated_capacity(cell.workload, int(cell.requests or 3_000), cell.seed,
+                                 cell.replicas, cell.slots)
+        span = float(test.arrival_s.max() - test.arrival_s.min())
+        native = (len(test) - 1) / span if span > 0 else math.inf
+        scale = float(load) * cap / native
+        extra = {"capacity_rps": cap, "native_rps": native, "rate_scale": scale}
+        test = test.take(np.arange(len(test)))
+        config = SimConfig(num_replicas=cell.replicas, slots=cell.slots, mode="open_loop",
+                           rate_scale=scale, check_assignments=False)
+    m = simulate(test, policy, config).metrics
+    return [{**{k: m[k] for k in METRICS}, **extra}]
+
+
+# ------------------------------------------------------------------------------------ rules
+
+
+def _cell_key(row: dict) -> tuple:
+    return (row["workload"], int(row["replicas"]), int(row.get("requests") or 0),
+            int(row["seed"]), str(row.get("load", "saturated")))
+
+
+def cells_of(rows: Iterable[dict]) -> dict[tuple, dict[str, dict]]:
+    """Rows grouped by matrix cell: key → policy → row."""
+    out: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        out[_cell_key(r)][r["policy"]] = r
+    return dict(out)
+
+
+def rule_violations(rows: Iterable[dict]) -> dict[str, list[tuple[tuple, str]]]:
+    """For each rule of :data:`RULES`, the cells that break it and a one-line why."""
+    bad: dict[str, list[tuple[tuple, str]]] = {name: [] for name in RULES}
+    for key, by in sorted(cells_of(rows).items(), key=lambda kv: str(kv[0])):
+        imb = {p: float(r["mean_imbalance"]) for p, r in by.items()}
+        if "br0" not in imb:
+            continue
+        br0 = imb["br0"]
+        if "brh-oracle" in imb and imb["brh-oracle"] > br0:
+            bad["oracle<=br0"].append((key, f"oracle {imb['brh-oracle']:,.0f} vs br0 {br0:,.0f}"))
+        if "brh-survival" in imb and imb["brh-survival"] > 1.02 * br0:
+            bad["survival<=1.02br0"].append(
+                (key, f"survival {imb['brh-survival']:,.0f} vs 1.02·br0 {1.02 * br0:,.0f}"))
+        best = min(imb[p] for p in ("br0", "brh-survival") if p in imb)
+        if "bfio-h0" in imb and best > imb["bfio-h0"]:
+            bad["best_br<=bfio-h0"].append((key, f"best BR {best:,.0f} vs bfio-h0 {imb['bfio-h0']:,.0f}"))
+        worse = [p for p in ("jsq", "least_load") if p in imb and best > imb[p]]
+        if worse:
+            bad["best_br<=baselines"].append(
+                (key, f"best BR {best:,.0f} vs " + ", ".join(f"{p} {imb[p]:,.0f}" for p in worse)))
+        thr = {p: float(r["throughput_loaded_tok_s"]) for p, r in by.items()}
+        by_imb = sorted(imb, key=lambda p: imb[p])
+        by_thr = sorted(thr, key=lambda p: -thr[p])
+        if by_imb != by_thr:
+            bad["throughput_ranks_like_imbalance"].append(
+                (key, "imbalance " + " < ".join(by_imb) + "; throughput " + " > ".join(by_thr)))
+    return bad
+
+
+def _fmt_key(key: tuple) -> str:
+    w, g, n, s, load = key
+    where = "saturated" if load == "saturated" else f"open loop {float(load):g}× capacity"
+    return f"{w} G={g} n={n:,} seed={s} {where}"
+
+
+def matrix_lines(rows: list[dict]) -> list[str]:
+    """The matrix as Markdown table lines: one row per cell, mean imbalance per policy and the
+    loaded throughput and TPOT P95 of br0 and the best baseline."""
+    present = [p for p in QUALITY_POLICIES if any(r["policy"] == p for r in rows)]
+    head = ["cell", *present, "br0 tok/s", "br0 TPOT P95"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key, by in sorted(cells_of(rows).items(), key=lambda kv: str(kv[0])):
+        vals = [f"{float(by[p]['mean_imbalance']):,.0f}" if p in by else "—" for p in present]
+        b = by.get("br0")
+        tail = [f"{float(b['throughput_loaded_tok_s']):,.0f}", f"{float(b['tpot_ms_p95']):.1f}"] if b else ["—", "—"]
+        lines.append("| " + " | ".join([_fmt_key(key), *vals, *tail]) + " |")
+    return lines
+
+
+def rules_lines(rows: list[dict], *, details: int = 6) -> list[str]:
+    """Per rule: how many cells break it, and the first few with their numbers."""
+    n_cells = len(cells_of(rows))
+    out = []
+    for name, cells in rule_violations(rows).items():
+        out.append(f"- {RULES[name]}: **{len(cells)} of {n_cells} cells break it**")
+        out += [f"  - {_fmt_key(k)}: {why}" for k, why in cells[:details]]
+        if len(cells) > details:
+            out.append(f"  - … {len(cells) - details} more")
+    return out
+
+
+def quality_section(data: dict[str, list[dict]], figures: dict[str, str]) -> str:
+    """The report's section on decision quality and TTFT (empty when nothing ran)."""
+    parts: list[str] = []
+    q = data.get("quality", [])
+    if q:
+        parts += ["## Decision quality: the matrix\n",
+                  "Mean imbalance (tokens) per cell and policy; `balanceroute quality` prints the "
+                  "same. Open-loop loads are multiples of the measured saturated capacity (JSQ's "
+                  "saturated request rate on the same test half, G and B).\n",
+                  *matrix_lines(q), "", "Rules (acceptance of issue 10):\n", *rules_lines(q), ""]
+    pareto = data.get("ttft_pareto", [])
+    if pareto:
+        parts += ["## Time to first token: the `ttft_slo_s` trade-off\n",
+                  "Saturated, G = 8, seed 0. Each BR row moves the soft first-token deadline; "
+                  "the baselines are one point each.\n",
+                  "| workload | policy | ttft_slo_s | TTFT P99 (s) | mean imbalance | tok/s |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for r in sorted(pareto, key=lambda r: (r["workload"], r["policy"], str(r.get("ttft_slo_s", "")))):
+            parts.append(f"| {r['workload']} | {r['policy']} | {r.get('ttft_slo_s', '') or '—'} | "
+                         f"{float(r['ttft_s_p99']):.1f} | {float(r['mean_imbalance']):,.0f} | "
+                         f"{float(r['throughput_loaded_tok_s']):,.0f} |")
+        if "ttft_pareto" in figures:
+            parts.append(f"\n![TTFT P99 against imbalance]({figures['ttft_pareto']})")
+        parts.append("")
+    ol = data.get("ttft_open_loop", [])
+    if ol:
+        parts += ["## Open loop: TTFT where users see it\n",
+                  "G = 8; offered load as a multiple of the measured saturated capacity.\n",
+                  "| workload | load | policy | TTFT P50 (s) | TTFT P99 (s) | TPOT P95 (ms) | mean imbalance |",
+                  "|---|---:|---|---:|---:|---:|---:|"]
+        for r in sorted(ol, key=lambda r: (r["workload"], float(r["load"]), QUALITY_POLICIES.index(r["policy"])
+                                            if r["policy"] in QUALITY_POLICIES else 99)):
+            parts.append(f"| {r['workload']} | {float(r['load']):g} | {r['policy']} | "
+                         f"{float(r['ttft_s_p50']):.2f} | {float(r['ttft_s_p99']):.2f} | "
+                         f"{float(r['tpot_ms_p95']):.1f} | {float(r['mean_imbalance']):,.0f} |")
+        parts.append("")
+    return "\n".join(parts)
+
+
+def draw_pareto(rows: list[dict], path):
+    """TTFT P99 against mean imbalance, one panel per workload (the Pareto figure)."""
+    from pathlib import Path
+
+    import matplotlib
+
+    if not rows:
+        return None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = sorted({r["workload"] for r in rows})
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.4), squeeze=False)
+    for ax, w in zip(axes[0], workloads):
+        mine = [r for r in rows if r["workload"] == w]
+        for p in sorted({r["policy"] for r in mine}):
+            pts = sorted((float(r["ttft_s_p99"]), float(r["mean_imbalance"])) for r in mine
+                          if r["policy"] == p)
+            style = "o-" if len(pts) > 1 else "s"
+            ax.plot([x for x, _ in pts], [y for _, y in pts], style, label=p, ms=4)
+        ax.set_title(w)
+        ax.set_xlabel("TTFT P99 (s)")
+        ax.set_ylabel("mean imbalance (tokens)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------------- command
+
+
+def add_quality_args(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``balanceroute quality``."""
+    p.add_argument("--full", action="store_true",
+                   help="the full matrix (48 saturated + 48 open-loop cells; long) instead of the quick one")
+    p.add_argument("--experiment", choices=("quality", "ttft_pareto", "ttft_open_loop"),
+                   default="quality", help="which grid to run (default: %(default)s)")
+    p.add_argument("--jobs", type=int, default=1, help="local worker processes (default: 1)")
+    p.add_argument("--csv", default=None, help="also write the rows to this CSV")
+
+
+def run_quality(args: argparse.Namespace) -> int:
+    """``balanceroute quality``: run a grid, print the per-cell numbers and the rule counts."""
+    from .experiments import available_policies
+    from .sweep import run_grid, write_csv
+
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    cells = declare_quality("full" if args.full else "quick", available_policies())[args.experiment]
+    grid = run_grid(cells, jobs=args.jobs, cache_dir=None, use_cache=False)
+    rows = grid.rows
+    if args.csv:
+        write_csv(rows, args.csv)
+    if args.experiment == "quality":
+        print("\n".join(matrix_lines(rows)))
+        print()
+        print("\n".join(rules_lines(rows, details=1000)))
+    else:
+        print(quality_section({args.experiment: rows}, {}))
+    for cell, text in grid.errors:
+        print(f"cell failed: {cell.workload} {cell.policy}: {text.strip().splitlines()[-1]}", file=sys.stderr)
+    return 1 if grid.errors else 0
