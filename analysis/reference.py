@@ -59,6 +59,7 @@ def reference_tick(
     growth: list[list[float]] | None = None,
     score: str = "exact",
     stage1: str = "fit",
+    growth_steps: float = 0.0,
     ttft_slo_s: float | None = None,
 ) -> list[tuple[int, int]]:
     """One tick; returns ``[(pool_index, replica), ...]`` in decision order."""
@@ -133,7 +134,8 @@ def reference_tick(
 
     while len(out) < remaining and sum(free) > s_greedy:
         if stage1 == "fit":
-            g = max((g for g in range(len(free)) if free[g] > 0), key=lambda g: (margin(g)[0], free[g], -g))
+            g = max((g for g in range(len(free)) if free[g] > 0),
+                    key=lambda g: (margin(g)[0] + growth_steps * free[g], free[g], -g))
         else:
             g = min((g for g in range(len(free)) if free[g] > 0), key=lambda g: (-free[g], loads[g][0], g))
         m = margin(g)

@@ -125,7 +125,7 @@ def _place(i, g, loads, env, sizes, growth, has_growth, free, alive):  # pragma:
 @njit
 def two_stage_kernel(
     loads, free, sizes, wait, d, alpha, beta, s_greedy, r_max, deadline_s, growth, has_growth,
-    exact_score, fit_stage1, ttft_slo_s, out_i, out_g,
+    exact_score, fit_stage1, growth_steps, ttft_slo_s, out_i, out_g,
 ):  # pragma: no cover - compiled; tested against the reference through two_stage_assign
     """The tick of :func:`two_stage_assign` on mutable copies ``loads`` (G, W) and ``free``;
     writes the decisions to ``out_i``/``out_g`` and returns how many there are."""
@@ -217,16 +217,16 @@ def two_stage_kernel(
             placed += 1
 
     # (1) plenty of room: one replica at a time takes its best single request — with
-    # ``fit_stage1`` the replica with the largest margin m(0) (ties: more free slots), where the
-    # request fits best; otherwise (the paper's rule) the one with most free slots (ties: lower
-    # load)
+    # ``fit_stage1`` the replica with the largest margin ``growth_steps`` steps ahead, m(0) + T·free
+    # (each running request grows one token per step; ties: more free slots); otherwise (the
+    # paper's rule) the one with most free slots (ties: lower load)
     while placed < remaining and free_sum > s_greedy:
         g = -1
         best_m = 0.0
         for r in range(n_rep):
             if free[r] <= 0:
                 continue
-            m0 = env[0] - loads[r, 0]
+            m0 = (env[0] - loads[r, 0]) + growth_steps * free[r]
             if g < 0:
                 g, best_m = r, m0
             elif fit_stage1:
@@ -377,7 +377,7 @@ def _barrier_step(loads, n_act, g_count, step_a, step_b, step_c):  # pragma: no 
 @njit
 def simulate_loop(
     prompt, output, ready, saturated, target, g_count, slots, kind, s_greedy, r_max, deadline_s,
-    beta, fit_stage1, ttft_slo_s,
+    beta, fit_stage1, growth_steps, ttft_slo_s,
     step_b, step_a, step_c, max_steps, budget, record, replica, start, finish, joined, tick_time,
     first_time, finish_time, loads, n_act, pool, head, link, ints, floats, series,
 ):  # pragma: no cover - compiled; checked against the generic loop by tests/core/test_fast_paths
@@ -442,7 +442,8 @@ def simulate_loop(
                     waited[j] = now - joined[pool[j]]
                 n_chosen = two_stage_kernel(
                     proj, free, sizes[:pool_n], waited[:pool_n], ones, 1.0, beta, s_greedy,
-                    r_max, deadline_s, no_growth, False, False, fit_stage1, ttft_slo_s, out_i, out_g,
+                    r_max, deadline_s, no_growth, False, False, fit_stage1, growth_steps, ttft_slo_s,
+                    out_i, out_g,
                 )
                 for t in range(n_chosen):
                     rid = pool[out_i[t]]

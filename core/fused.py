@@ -46,6 +46,7 @@ class FusedPolicy:
     deadline_s: float = float("inf")
     beta_per_replica: float = 1.0
     fit_stage1: bool = True
+    growth_steps: float = 0.0
     ttft_slo_s: float = float("inf")
 
 
@@ -53,6 +54,7 @@ def _br0(p: BR0Policy) -> FusedPolicy:
     return FusedPolicy(
         kind=kern.TWO_STAGE, s_greedy=p.s_greedy, r_max=p.r_max, deadline_s=p.deadline_s,
         beta_per_replica=p.beta_per_replica, fit_stage1=p.stage1 == "fit",
+        growth_steps=float(p.growth_steps),
         ttft_slo_s=float("inf") if p.ttft_slo_s is None else float(p.ttft_slo_s),
     )
 
@@ -157,7 +159,7 @@ def run_fused(
         series = kern.simulate_loop(
             prompt, output, ready, saturated, target, g_count, slots, spec.kind, spec.s_greedy,
             spec.r_max, float(spec.deadline_s), float(spec.beta_per_replica * g_count),
-            bool(spec.fit_stage1), float(spec.ttft_slo_s), step_b, step_a, step_c, max_steps, budget,
+            bool(spec.fit_stage1), float(spec.growth_steps), float(spec.ttft_slo_s), step_b, step_a, step_c, max_steps, budget,
             record_series, *run.cols.arrays(), run.loads, n_act, pool, head, link, run.ints,
             run.floats, series,
         )

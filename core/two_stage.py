@@ -92,6 +92,7 @@ def two_stage_assign(
     growth: NDArray | None = None,
     score: str = "exact",
     stage1: str = "fit",
+    growth_steps: float = 0.0,
     ttft_slo_s: float | None = None,
 ) -> Assignment:
     """One scheduling tick of BalanceRoute.
@@ -108,7 +109,8 @@ def two_stage_assign(
 
     Order: (0) requests that waited ``≥ deadline_s`` go first, oldest first, each to the replica
     with a free slot maximising F({i}) (ties: more free slots, larger margin); (1) while Σ free >
-    ``s_greedy``: the replica with the largest margin m(0) (ties: more free slots) —
+    ``s_greedy``: the replica with the largest margin ``growth_steps`` (T) steps ahead,
+    m(0) + T·free (a replica running fewer requests grows slower; ties: more free slots) —
     ``stage1="paper"``: with most free slots (ties: lower load) — takes the request with the
     largest F({i}) + u_i; (2) then the replica with the largest (free slots,
     margin m(0)) takes ``Q*`` among its ``r_max`` best single-request candidates, or —
@@ -126,7 +128,7 @@ def two_stage_assign(
         return _two_stage_numpy(
             proj_loads, free_slots, prompt_len, wait, d=d, alpha=alpha, beta=beta,
             s_greedy=s_greedy, r_max=r_max, deadline_s=deadline_s, growth=growth, score=score,
-            stage1=stage1, ttft_slo_s=ttft_slo_s,
+            stage1=stage1, growth_steps=growth_steps, ttft_slo_s=ttft_slo_s,
         )
     if int(r_max) < 1:
         raise ValueError(f"{r_max=} must be >= 1")
@@ -144,8 +146,8 @@ def two_stage_assign(
         grow, has_growth = _f64(growth), True
     count = _two_stage_kernel(
         loads, free, sizes, _f64(wait), _f64(d), float(alpha), float(beta), int(s_greedy),
-        int(r_max), float(deadline_s), grow, has_growth, score == "exact", stage1 == "fit", slo,
-        out_i, out_g,
+        int(r_max), float(deadline_s), grow, has_growth, score == "exact", stage1 == "fit",
+        float(growth_steps), slo, out_i, out_g,
     )
     return Assignment(pool_index=out_i[:count], replica=out_g[:count])
 
@@ -168,6 +170,7 @@ def _two_stage_numpy(
     growth: NDArray | None = None,
     score: str = "exact",
     stage1: str = "fit",
+    growth_steps: float = 0.0,
     ttft_slo_s: float | None = None,
 ) -> Assignment:
     """:func:`two_stage_assign` in numpy, for installs without numba (same decisions up to
@@ -225,8 +228,8 @@ def _two_stage_numpy(
     # (1) plenty of room: one replica at a time takes its best single request.
     while len(out_i) < remaining and free.sum() > s_greedy:
         open_g = np.flatnonzero(free > 0)
-        if stage1 == "fit":  # the largest margin m(0), ties: more free slots
-            m0 = loads.max(axis=0)[0] - loads[open_g, 0]
+        if stage1 == "fit":  # the largest margin T steps ahead, m(0) + T·free; ties: more free
+            m0 = (loads.max(axis=0)[0] - loads[open_g, 0]) + growth_steps * free[open_g]
             g = int(open_g[np.lexsort((-free[open_g], -m0))[0]])
         else:  # the paper's rule: most free slots, ties: lower load
             open_g = np.flatnonzero(free == free.max())

@@ -22,6 +22,8 @@ def check_tick_params(p: object) -> None:
         raise ValueError(f"{p.r_max=} must be in 1..12")
     if not p.deadline_s > 0:
         raise ValueError(f"{p.deadline_s=} must be > 0")
+    if not (p.growth_steps >= 0 and np.isfinite(p.growth_steps)):
+        raise ValueError(f"{p.growth_steps=} must be a finite number >= 0")
     if p.stage1 not in ("fit", "paper"):
         raise ValueError(f"{p.stage1=} must be 'fit' or 'paper'")
     if p.ttft_slo_s is not None and not (p.ttft_slo_s > 0 and np.isfinite(p.ttft_slo_s)):
@@ -48,6 +50,7 @@ class BR0Policy:
     deadline_s: float = 30.0
     beta_per_replica: float = 1.0
     stage1: str = "fit"
+    growth_steps: float = 256.0
     ttft_slo_s: float | None = 4.0
     name: str = "br0"
 
@@ -70,5 +73,6 @@ class BR0Policy:
             r_max=self.r_max,
             deadline_s=self.deadline_s,
             stage1=self.stage1,
+            growth_steps=self.growth_steps,
             ttft_slo_s=self.ttft_slo_s,
         )

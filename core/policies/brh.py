@@ -54,6 +54,7 @@ class BRHPolicy:
     gate: float = 0.5
     score: str = "exact"
     stage1: str = "fit"
+    growth_steps: float = 256.0
     ttft_slo_s: float | None = 4.0
     name: str = "brh"
 
@@ -118,5 +119,6 @@ class BRHPolicy:
             growth=placement_growth(pool.prompt_len, dep_pool, h),
             score=self.score,
             stage1=self.stage1,
+            growth_steps=self.growth_steps,
             ttft_slo_s=self.ttft_slo_s,
         )
