@@ -255,7 +255,7 @@ def test_noise_predictor_does_not_hurt_thanks_to_the_gate():
             ratios.setdefault((score, gate), []).append(m["mean_imbalance"] / base["mean_imbalance"])
             if gate:
                 throughput.append(m["throughput_tok_s"] / base["throughput_tok_s"])
-    # measured (mean ratios to BR-0, shipped defaults): exact gated 0.83, exact ungated 0.78,
+    # measured (mean ratios to BR-0, shipped defaults): exact gated 0.82, exact ungated 0.78,
     # paper ungated 0.85. The exact score counts a candidate only over its own (wrongly)
     # forecast stay instead of the whole window, so even ungated noise does not hurt it.
     assert np.mean(ratios["exact", 0.5]) <= 1.03
