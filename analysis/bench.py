@@ -153,7 +153,7 @@ def _resized_pool(workload: Any, size: int, rng: np.random.Generator) -> Any:
 
 
 def _reference_assign(proj_loads, free_slots, prompt_len, wait, *, d, alpha, beta, s_greedy,
-                      r_max, deadline_s, growth=None):
+                      r_max, deadline_s, growth=None, **options):
     """``two_stage_assign``'s contract answered by the pure-Python reference."""
     from balanceroute.core.state import Assignment
 
@@ -165,6 +165,7 @@ def _reference_assign(proj_loads, free_slots, prompt_len, wait, *, d, alpha, bet
         d=np.asarray(d, dtype=np.float64).tolist(), alpha=alpha, beta=beta, s_greedy=s_greedy,
         r_max=r_max, deadline_s=deadline_s,
         growth=None if growth is None else np.asarray(growth, dtype=np.float64).tolist(),
+        **options,  # score, stage1, growth_steps, ttft_slo_s
     )
     return Assignment(pool_index=np.array([i for i, _ in pairs], dtype=np.int64),
                       replica=np.array([g for _, g in pairs], dtype=np.int64))

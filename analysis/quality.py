@@ -69,12 +69,14 @@ def _grid(profile: str) -> dict[str, Any]:
                     open_workloads=("azure-2024-long", "servegen-r1", "mooncake-conv",
                                     "azure-conv-2023", "azure-code-2023", "azure-2024"),
                     replicas=(8, 16), requests=(3_000, 20_000), seeds=(0, 1, 2, 3, 4),
-                    loads=(0.5, 0.8, 1.0, 1.2), open_requests=6_000, pareto_requests=3_000)
+                    loads=(0.5, 0.8, 1.0, 1.2), open_requests=6_000, pareto_requests=3_000,
+                    knob=PARETO_KNOB, ttft_loads=(0.7, 0.9, 1.0))
     if profile == "quick":
         return dict(workloads=("azure-2024-long", "servegen-r1", "mooncake-conv", "azure-conv-2023"),
                     open_workloads=("servegen-r1", "mooncake-conv", "azure-conv-2023"),
                     replicas=(8,), requests=(3_000,), seeds=(0,), loads=(0.5, 1.0),
-                    open_requests=3_000, pareto_requests=3_000)
+                    open_requests=3_000, pareto_requests=3_000, knob=("off", 1.0, 4.0, 16.0),
+                    ttft_loads=(0.7, 1.0))
     raise ValueError(f"{profile=} must be 'quick' or 'full'")
 
 
@@ -103,7 +105,7 @@ def declare_quality(profile: str, available: Iterable[str], *, code: str = "") -
              requests=g["pareto_requests"], seed=0, code=code,
              options=(("load", "saturated"), ("ttft_slo_s", k)))
         for w in ("azure-2024-long", "servegen-r1", "mooncake-conv")
-        for p in pareto_policies for k in PARETO_KNOB
+        for p in pareto_policies for k in g["knob"]
     ] + [
         Cell(experiment="ttft_pareto", kind="quality", workload=w, policy=p, replicas=8,
              requests=g["pareto_requests"], seed=0, code=code, options=(("load", "saturated"),))
@@ -114,7 +116,7 @@ def declare_quality(profile: str, available: Iterable[str], *, code: str = "") -
         Cell(experiment="ttft_open_loop", kind="quality", workload=w, policy=p, replicas=8,
              requests=g["open_requests"], seed=0, code=code, options=(("load", rho),))
         for w in ("azure-2024-long", "servegen-r1", "mooncake-conv")
-        for rho in (0.7, 0.9, 1.0) for p in have
+        for rho in g["ttft_loads"] for p in have
     ]
     return {"quality": sat + opn, "ttft_pareto": pareto, "ttft_open_loop": ttft_open}
 

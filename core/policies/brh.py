@@ -16,19 +16,23 @@ from .br0 import check_tick_params
 
 __all__ = ["DEFAULT_BETA_PER_REPLICA", "BRHPolicy"]
 
-DEFAULT_BETA_PER_REPLICA = 16.0
-"""β = 16·G by default: overflowing the projected envelope anywhere in the window costs 16·G per
-token-step against 1 gained (tuned on ServeGen-R1 and Azure-2024-long, G = 8 and 16)."""
+DEFAULT_BETA_PER_REPLICA = 2.0
+"""β = 2·G by default: overflowing the projected envelope costs twice the exact marginal (G per
+token-step) — a safety margin against forecast error (training-only sweep, README "Defaults")."""
 
 
 @dataclass(slots=True, kw_only=True)
 class BRHPolicy:
     """Two-stage tick (shared with BR-0) on projected loads, scoring a candidate set Q on
-    replica g by the discounted horizon F-score
+    replica g by the exact change of the discounted projected imbalance (``score="exact"``,
+    ``papers/horizon_score.md``)
 
-        ``F_g(Q) = α(1ᵀd)Δ − β((Δ·1 − m_g)_+)ᵀd``,  ``d = (1, γ, …, γ^H)``,
+        ``F_g(Q) = α·dᵀδ − β·dᵀ(δ − m_g)_+``,  ``δ(h) = Σ_{i∈Q} (s_i + h)·[h < r̂_i]``,
+        ``d = (1, γ, …, γ^H)``
 
-    where ``m_g(h) = M̂(h) − L̂_g(h)`` are the margins of the loads projected h steps ahead
+    (``score="paper"``: the paper's ``α(1ᵀd)Δ − β((Δ·1 − m_g)_+)ᵀd``, candidates staying the
+    window without growing), where ``m_g(h) = M̂(h) − L̂_g(h)`` are the margins of the loads
+    projected h steps ahead
     (:mod:`~balanceroute.core.projection`). Each tick the predictor forecasts, for every running
     and pooled request, ``(p_fin, mu_rem)``; the contribution ``ĉ = (1 − p_fin)·H + p_fin·mu_rem``
     sets when it leaves the window, and the confidence gate (``p_fin < gate`` → it stays the
@@ -37,15 +41,16 @@ class BRHPolicy:
 
     ``predictor``: ``None`` forecasts nothing (everyone stays: pure growth lookahead).
     ``features``: maps request ids to features (:meth:`bind` sets it from a workload; ``None``
-    passes only the prompt lengths the state carries). ``beta``: ``None`` means 16·G.
-    Defaults H = 160, γ = 1, β = 16·G were tuned in this simulator (README); with
+    passes only the prompt lengths the state carries). ``beta``: ``None`` means 2·G.
+    ``stage1``, ``growth_steps``, ``ttft_slo_s``: as for BR-0. Defaults H = 80, γ = 0.86,
+    β = 2·G come from a training-only multi-workload sweep (README, "Defaults"); with
     ``horizon=0, alpha=1, beta=G`` the decisions are exactly BR-0's.
     """
 
     predictor: Predictor | None = None
     features: FeatureSource | None = None
-    horizon: int = 160
-    gamma: float = 1.0
+    horizon: int = 80
+    gamma: float = 0.86
     alpha: float = 1.0
     beta: float | None = None
     s_greedy: int = 8
@@ -65,7 +70,7 @@ class BRHPolicy:
         if not self.alpha > 0:
             raise ValueError(f"{self.alpha=} must be > 0")
         if self.beta is not None and not self.beta > 0:
-            raise ValueError(f"{self.beta=} must be > 0 (or None for 16·G)")
+            raise ValueError(f"{self.beta=} must be > 0 (or None for 2·G)")
         check_tick_params(self)
         if self.score not in ("exact", "paper"):
             raise ValueError(f"{self.score=} must be 'exact' or 'paper'")

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import re
 
 import pytest
 
@@ -59,4 +60,5 @@ def test_commands_run_end_to_end(capsys):
     assert [r["predictor"] for r in out] == ["oracle", "survival", "noise"]
     args = _parse(add_tune_args, [*common, "--replicas", "2", "--slots", "8", "--trials", "2", "-q"])
     assert run_tune(args) == 0
-    assert "chosen: horizon=40" in capsys.readouterr().out
+    # the candidates are H = 40 and the shipped default (H = 80): either may win
+    assert re.search(r"chosen: horizon=(40|80) ", capsys.readouterr().out)

