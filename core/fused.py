@@ -27,7 +27,7 @@ from numpy.typing import NDArray
 from . import _kernels as kern
 from ._jit import HAVE_NUMBA
 from .outcomes import RequestColumns
-from .policies.br0 import BR0Policy
+from .policies.br0 import BR0Policy, stage1_growth_steps
 from .policies.jsq import JSQPolicy
 from .policies.least_load import LeastLoadPolicy
 from .policies.round_robin import RoundRobinPolicy
@@ -46,7 +46,7 @@ class FusedPolicy:
     deadline_s: float = float("inf")
     beta_per_replica: float = 1.0
     fit_stage1: bool = True
-    growth_steps: float = 0.0
+    growth_steps: float | None = 0.0
     ttft_slo_s: float = float("inf")
 
 
@@ -54,7 +54,7 @@ def _br0(p: BR0Policy) -> FusedPolicy:
     return FusedPolicy(
         kind=kern.TWO_STAGE, s_greedy=p.s_greedy, r_max=p.r_max, deadline_s=p.deadline_s,
         beta_per_replica=p.beta_per_replica, fit_stage1=p.stage1 == "fit",
-        growth_steps=float(p.growth_steps),
+        growth_steps=p.growth_steps,
         ttft_slo_s=float("inf") if p.ttft_slo_s is None else float(p.ttft_slo_s),
     )
 
@@ -159,7 +159,7 @@ def run_fused(
         series = kern.simulate_loop(
             prompt, output, ready, saturated, target, g_count, slots, spec.kind, spec.s_greedy,
             spec.r_max, float(spec.deadline_s), float(spec.beta_per_replica * g_count),
-            bool(spec.fit_stage1), float(spec.growth_steps), float(spec.ttft_slo_s), step_b, step_a, step_c, max_steps, budget,
+            bool(spec.fit_stage1), stage1_growth_steps(spec.growth_steps, slots), float(spec.ttft_slo_s), step_b, step_a, step_c, max_steps, budget,
             record_series, *run.cols.arrays(), run.loads, n_act, pool, head, link, run.ints,
             run.floats, series,
         )

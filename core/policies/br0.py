@@ -9,9 +9,18 @@ import numpy as np
 from ..state import Assignment, ClusterState, PoolView
 from ..two_stage import two_stage_assign
 
-__all__ = ["BR0Policy", "check_tick_params"]
+__all__ = ["GROWTH_TOKENS", "BR0Policy", "check_tick_params", "stage1_growth_steps"]
 
 _ONE = np.ones(1, dtype=np.float64)
+
+GROWTH_TOKENS = 16_384.0
+"""Stage 1's default growth window is T = GROWTH_TOKENS / B steps: a replica's free share of its B
+slots is worth up to 16,384 tokens of margin (T = 256 at B = 64, 4,096 at B = 4)."""
+
+
+def stage1_growth_steps(growth_steps: float | None, slots: int) -> float:
+    """T for Stage 1: ``growth_steps``, or ``GROWTH_TOKENS / B`` when it is ``None``."""
+    return GROWTH_TOKENS / max(int(slots), 1) if growth_steps is None else float(growth_steps)
 
 
 def check_tick_params(p: object) -> None:
@@ -22,8 +31,8 @@ def check_tick_params(p: object) -> None:
         raise ValueError(f"{p.r_max=} must be in 1..12")
     if not p.deadline_s > 0:
         raise ValueError(f"{p.deadline_s=} must be > 0")
-    if not (p.growth_steps >= 0 and np.isfinite(p.growth_steps)):
-        raise ValueError(f"{p.growth_steps=} must be a finite number >= 0")
+    if p.growth_steps is not None and not (p.growth_steps >= 0 and np.isfinite(p.growth_steps)):
+        raise ValueError(f"{p.growth_steps=} must be a finite number >= 0 (or None: 16384 / B)")
     if p.stage1 not in ("fit", "paper"):
         raise ValueError(f"{p.stage1=} must be 'fit' or 'paper'")
     if p.ttft_slo_s is not None and not (p.ttft_slo_s > 0 and np.isfinite(p.ttft_slo_s)):
@@ -36,8 +45,9 @@ class BR0Policy:
     current loads (β = ``beta_per_replica``·G; 1·G is minus the change of I): fill safe margins
     1:1, punish overflow.
 
-    ``s_greedy``: Stage 1 runs while more slots than this are free; ``stage1``: ``"fit"`` gives
-    each request the replica where it scores best, ``"paper"`` the replica with most free slots;
+    ``s_greedy``: Stage 1 runs while more slots than this are free; ``stage1``: ``"fit"`` lets
+    the replica with the largest margin ``growth_steps`` (T) steps ahead, m(0) + T·free, take its
+    best request (``None``: T = 16384 / B), ``"paper"`` the replica with most free slots;
     ``r_max``: Stage 2 subset candidates; ``deadline_s``: pooled requests older than this are
     placed first (vLLM's NIXL KV lease is 30 s); ``ttft_slo_s``: the soft first-token deadline
     — a pooled request that has waited w gains the urgency bonus U·w/``ttft_slo_s`` (U: the
@@ -50,7 +60,7 @@ class BR0Policy:
     deadline_s: float = 30.0
     beta_per_replica: float = 1.0
     stage1: str = "fit"
-    growth_steps: float = 256.0
+    growth_steps: float | None = None
     ttft_slo_s: float | None = 4.0
     name: str = "br0"
 
@@ -73,6 +83,7 @@ class BR0Policy:
             r_max=self.r_max,
             deadline_s=self.deadline_s,
             stage1=self.stage1,
-            growth_steps=self.growth_steps,
+            growth_steps=stage1_growth_steps(
+                self.growth_steps, int((state.free_slots + state.num_active).max())),
             ttft_slo_s=self.ttft_slo_s,
         )

@@ -12,7 +12,7 @@ from ..projection import departure_steps, placement_growth, project_loads
 from ..state import Assignment, ClusterState, PoolView
 from ..two_stage import two_stage_assign
 from ..workloads.base import Workload
-from .br0 import check_tick_params
+from .br0 import check_tick_params, stage1_growth_steps
 
 __all__ = ["DEFAULT_BETA_PER_REPLICA", "BRHPolicy"]
 
@@ -59,7 +59,7 @@ class BRHPolicy:
     gate: float = 0.5
     score: str = "exact"
     stage1: str = "fit"
-    growth_steps: float = 256.0
+    growth_steps: float | None = None
     ttft_slo_s: float | None = 4.0
     name: str = "brh"
 
@@ -124,6 +124,7 @@ class BRHPolicy:
             growth=placement_growth(pool.prompt_len, dep_pool, h),
             score=self.score,
             stage1=self.stage1,
-            growth_steps=self.growth_steps,
+            growth_steps=stage1_growth_steps(
+                self.growth_steps, int((state.free_slots + state.num_active).max())),
             ttft_slo_s=self.ttft_slo_s,
         )
