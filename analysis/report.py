@@ -20,7 +20,8 @@ from .sweep import read_csv
 __all__ = ["ReportContext", "build_report", "load_experiments"]
 
 EXPERIMENTS = ("table1", "table1_calibrated", "scaling", "step_model", "slots", "tick_timing", "tick_gap",
-               "clairvoyant_gap", "competitive_ratio", "balls_into_bins")
+               "clairvoyant_gap", "competitive_ratio", "balls_into_bins", "quality", "ttft_pareto",
+               "ttft_open_loop")
 
 LABEL = {
     "random": "Random", "round_robin": "Round-robin", "power_of_two": "Power-of-two",
