@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import os
 import sys
@@ -63,7 +62,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--health-interval", type=float, dest="health_interval_s",
                    help="health probe period in seconds; 0 disables (2)")
     p.add_argument("--admin-token-env", metavar="VAR",
-                   help="protect /status and /admin with the token in this environment variable")
+                   help="enable /status and /admin, protected by the token in this environment variable "
+                        "(off without it)")
+    p.add_argument("--api-key", dest="client_api_key", metavar="KEY",
+                   help="clients must send 'Authorization: Bearer KEY' on /v1/* (like vLLM's --api-key)")
+    p.add_argument("--api-key-env", dest="client_api_key_env", metavar="VAR",
+                   help="as --api-key, with the key read from this environment variable")
+    p.add_argument("--upstream-api-key-env", metavar="VAR",
+                   help="send the bearer token in this environment variable to every upstream "
+                        "(none is sent by default; per upstream: api_key_env in the config)")
+    p.add_argument("--ttft-slo", type=float, dest="ttft_slo_s", metavar="SECONDS",
+                   help="TTFT objective passed to the policy as ttft_slo_s (policies that take it)")
+    p.add_argument("--max-model-len", type=int, help="reject max_tokens above this with 400")
+    p.add_argument("--metrics-urls", action="store_true", default=None,
+                   help="label /metrics replicas with their URLs (index only by default)")
     p.add_argument("--served-model", action="append", dest="served_models", metavar="NAME",
                    help="model names for /v1/models when no decode server answers")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
@@ -132,13 +144,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from .config import ProxyConfig, load_config_file
-    from .proxy import create_proxy_app
-    from .runner import bind_socket, run_foreground, url_of
+    from .routes import create_proxy_app
+    from .runner import bind_socket, configure_logging, run_foreground, url_of
 
     mapping: dict[str, Any] = load_config_file(args.config) if args.config else {}
     for key in ("host", "port", "kv_dialect", "slots", "policy", "prefill_balance", "bootstrap_port",
                 "pool_capacity", "kv_lease_s", "tick_interval_s", "max_attempts", "health_interval_s",
-                "admin_token_env", "log_level"):
+                "admin_token_env", "client_api_key", "client_api_key_env", "upstream_api_key_env",
+                "ttft_slo_s", "max_model_len", "metrics_urls", "log_level"):
         value = getattr(args, key)
         if value is not None:
             mapping[key] = value
@@ -154,7 +167,7 @@ def _serve(args: argparse.Namespace) -> int:
     elif args.dp_size:
         raise ValueError("--dp-size needs --decode URL")
     config = ProxyConfig.from_mapping(mapping)
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_level)
     app = create_proxy_app(config)
     sock = bind_socket(config.host, config.port)
 

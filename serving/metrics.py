@@ -2,7 +2,8 @@
 
 Counters and histograms are updated as things happen; the gauges (pool, per-replica KV load
 and running count, imbalance I = G·M − Σ L as the proxy sees it) are read from the ledger at
-scrape time.
+scrape time. Replicas are labelled by index; with ``replica_labels`` (the config's
+``metrics_urls``) also by URL.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
 
 
 class _LedgerCollector:
-    def __init__(self, ledger: Ledger, labels: list[str], extra: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, ledger: Ledger, labels: list[str] | None, extra: Callable[[], dict[str, Any]]) -> None:
         self.ledger = ledger
         self.labels = labels
         self.extra = extra
@@ -47,20 +48,22 @@ class _LedgerCollector:
             ("balanceroute_replica_free_slots", "Free slots the policy sees (0 when out of service).", led.free_slots()),
             ("balanceroute_replica_available", "1 if replica g is in service.", led.available.astype(int)),
         ]
-        for name, doc, values in per:
-            fam = GaugeMetricFamily(name, doc, labels=["replica", "url"])
-            for g, value in enumerate(values.tolist()):
-                fam.add_metric([str(g), self.labels[g]], value)
-            yield fam
         for name, (doc, value) in self.extra().items():
-            yield GaugeMetricFamily(name, doc, value=value)
+            if isinstance(value, list):
+                per.append((name, doc, value))
+            else:
+                yield GaugeMetricFamily(name, doc, value=value)
+        for name, doc, values in per:
+            fam = GaugeMetricFamily(name, doc, labels=["replica", "url"] if self.labels else ["replica"])
+            for g, value in enumerate(values if isinstance(values, list) else values.tolist()):
+                fam.add_metric([str(g), self.labels[g]] if self.labels else [str(g)], value)
+            yield fam
 
 
 class ProxyMetrics:
     """The proxy's metric families on their own :class:`CollectorRegistry`."""
 
-    def __init__(self, ledger: Ledger, replica_labels: list[str],
-                 extra: Callable[[], dict[str, Any]] = dict) -> None:
+    def __init__(self, ledger: Ledger, replica_labels: list[str] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("balanceroute_requests", "Requests ended, by endpoint and outcome.",
                                 ["endpoint", "outcome"], registry=self.registry)
@@ -77,7 +80,16 @@ class ProxyMetrics:
                                    buckets=_WAIT_BUCKETS, registry=self.registry)
         self.ttft = Histogram("balanceroute_ttft_seconds", "Time from acceptance to the first decoded token.",
                               buckets=_WAIT_BUCKETS, registry=self.registry)
-        self.registry.register(_LedgerCollector(ledger, replica_labels, extra))
+        self.ejections = Counter("balanceroute_ejections", "Outlier ejections, by stage and reason.",
+                                 ["stage", "reason"], registry=self.registry)
+        self.poison = Counter("balanceroute_poison_requests", "Requests that failed on several hosts "
+                              "(their failures eject nobody), by stage.", ["stage"], registry=self.registry)
+        self._ledger, self._labels = ledger, replica_labels
+
+    def register_gauges(self, extra: Callable[[], dict[str, Any]] = dict) -> None:
+        """Add the gauges read at scrape time: the ledger's, and ``extra()`` — name → (doc,
+        value), a list value being one per replica."""
+        self.registry.register(_LedgerCollector(self._ledger, self._labels, extra))
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""

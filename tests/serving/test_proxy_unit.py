@@ -364,7 +364,8 @@ async def test_unhealthy_replica_gets_no_requests_and_returns() -> None:
         for _ in range(4):
             assert (await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})).status_code == 200
         assert used == ["d1"] * 4
-        assert (await client.get("/status")).json()["replicas"][0]["available"] is False
+        assert proxy.status()["replicas"][0]["available"] is False
+        assert (await client.get("/status")).status_code == 403  # admin endpoints are off without a token
         down.clear()
         while not proxy.ledger.available[0]:
             await asyncio.sleep(0.01)
