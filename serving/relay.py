@@ -34,6 +34,7 @@ __all__ = ["Assembler", "DecodeStream", "Event", "RelayResponse", "StreamBroken"
 
 _USAGE_KEY = re.compile(rb'[{,]\s*"usage"\s*:\s*')
 _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_DIGITS = re.compile(rb"\s*(\d+)")
 _PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _FINISH = re.compile(rb'[{,]\s*"finish_reason"\s*:\s*(n?)')
 _NO_CHOICES = re.compile(rb'[{,]\s*"choices"\s*:\s*\[\s*\]')
@@ -83,13 +84,12 @@ def has_token(obj: dict) -> bool:
 class Event:
     """One decode event as scanned from its bytes (``raw`` is the JSON, no ``data: ``)."""
 
-    __slots__ = ("raw", "done", "completion_tokens", "prompt_tokens", "finished", "usage_span", "obj")
+    __slots__ = ("raw", "done", "completion_tokens", "finished", "usage_span", "obj")
 
     def __init__(self, raw: bytes, *, parse: bool) -> None:
         self.raw = raw
         self.done = raw == _DONE
         self.completion_tokens: int | None = None
-        self.prompt_tokens: int | None = None
         self.finished = False
         self.usage_span: tuple[int, int, int] | None = None  # (key start, value start, value end)
         self.obj: dict | None = None
@@ -99,23 +99,38 @@ class Event:
             self._parse()
         elif not (raw[:1] == b"{" and raw[-1:] == b"}"):
             raise StreamBroken("decode_protocol", f"decode sent a non-JSON event: {raw[:80]!r}")
-        key = None
-        at = raw.rfind(b'"usage"')
-        if at >= 0:  # vLLM puts usage last; a string value "usage" never matches the key pattern
-            key = _USAGE_KEY.search(raw, max(0, at - 8)) or _USAGE_KEY.search(raw)
-        if key is not None:
-            start = key.end()
+        at = raw.rfind(b',"usage":')  # vLLM's compact form, usage last
+        if at >= 0:
+            key, start = at, at + 9
+        else:  # other spacing or order; a string value "usage" never matches the key pattern
+            m = _USAGE_KEY.search(raw) if b'"usage"' in raw else None
+            key, start = (m.start(), m.end()) if m is not None else (-1, -1)
+        if key >= 0:
             end = _object_end(raw, start)
-            self.usage_span = (key.start(), start, end)
+            self.usage_span = (key, start, end)
             if end - start > 4:
-                m = _COMPLETION.search(raw, start, end)
+                at = raw.find(b'"completion_tokens":', start, end)
+                m = _DIGITS.match(raw, at + 20) if at >= 0 else _COMPLETION.search(raw, start, end)
                 if m is not None:
                     self.completion_tokens = int(m.group(1))
-                m = _PROMPT.search(raw, start, end)
-                if m is not None:
-                    self.prompt_tokens = int(m.group(1))
-        m = _FINISH.search(raw)
-        self.finished = m is not None and not m.group(1)
+        at = raw.find(b'"finish_reason":')
+        if at > 0 and raw[at - 1] in b",{":
+            self.finished = raw[at + 16:at + 17] not in (b"n", b" ")
+            if raw[at + 16:at + 17] == b" ":
+                m = _FINISH.search(raw)
+                self.finished = m is not None and not m.group(1)
+        else:
+            m = _FINISH.search(raw)
+            self.finished = m is not None and not m.group(1)
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """``usage.prompt_tokens``, if the event has usage."""
+        if self.usage_span is None:
+            return None
+        _, start, end = self.usage_span
+        m = _PROMPT.search(self.raw, start, end)
+        return int(m.group(1)) if m is not None else None
 
     def _parse(self) -> None:
         try:
@@ -143,7 +158,7 @@ class Event:
         if span is None or continuous:
             return self.raw
         raw = self.raw
-        if _NO_CHOICES.search(raw) is not None:
+        if b'"choices":[]' in raw or (b"[]" in raw and _NO_CHOICES.search(raw) is not None):
             return raw if include_usage else None
         key, start, end = span
         if raw[start:end] == b"null":
