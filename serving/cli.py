@@ -107,6 +107,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--prefill-fail-rate", type=float, default=0.0)
     e.add_argument("--decode-fail-rate", type=float, default=0.0)
     e.add_argument("--stream-break-rate", type=float, default=0.0)
+    e.add_argument("--poison-word", metavar="WORD",
+                   help="every decode replica answers 500 to prompts containing WORD (a poison request)")
     e.add_argument("--kill-replica", type=int, action="append", default=[], metavar="G")
     e.add_argument("--slow-replica", type=_slow, action="append", default=[], metavar="G:FACTOR")
     e.add_argument("--write-proxy-config", metavar="FILE",
@@ -215,7 +217,7 @@ def _emulate(args: argparse.Namespace) -> int:
         seed=args.seed, kv_lease_s=args.kv_lease, stamp_chunks=args.stamp_chunks,
         prefill_fail_rate=args.prefill_fail_rate, decode_fail_rate=args.decode_fail_rate,
         stream_break_rate=args.stream_break_rate, killed=tuple(args.kill_replica),
-        slow=tuple(args.slow_replica),
+        slow=tuple(args.slow_replica), poison_word=args.poison_word,
     )
     cluster = EmulatedCluster(config)
     apps, prefill_urls, decode_urls = emulator_apps(cluster, host=args.host, base_port=args.port)
