@@ -370,9 +370,9 @@ def sse(obj: Any) -> bytes:
 # ------------------------------------------------------------------- token estimates
 def _texts(payload: dict[str, Any]) -> tuple[list[str], int, int]:
     """(text pieces, explicit token ids, number of chat messages)."""
-    if "messages" in payload:
+    if isinstance(payload.get("messages"), list):
         texts: list[str] = []
-        messages = payload.get("messages") or []
+        messages = payload["messages"]
         for msg in messages:
             content = msg.get("content") if isinstance(msg, dict) else None
             if isinstance(content, str):
