@@ -185,11 +185,12 @@ def test_health_probe_lines_are_debug_only() -> None:
 
 
 # ------------------------------------------------------------------------------ fuzzing
-_json = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True, allow_infinity=True)
-    | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=6)
+_leaf = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.sampled_from([0, 1, -1, 2**31, 2**63])
+         | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8)
+         | st.sampled_from(["", "\ud800", "user", "hi"]))
+_json = (_leaf | st.lists(_leaf, max_size=3)
+         | st.dictionaries(st.sampled_from(["role", "content", "include_usage", "text", "type"]), _leaf, max_size=3)
+         | st.lists(st.dictionaries(st.sampled_from(["role", "content"]), _leaf, max_size=2), max_size=2))
 _fields = st.sampled_from(["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "min_tokens",
                            "n", "stream", "stream_options", "temperature", "top_p", "top_k", "seed",
                            "logprobs", "top_logprobs", "ignore_eos", "kv_transfer_params", "echo"])
