@@ -203,7 +203,8 @@ class DecodeStream:
 
     def __init__(self, response: httpx.Response) -> None:
         self.response = response
-        self._chunks = response.aiter_bytes()
+        encoded = response.headers.get("content-encoding", "identity") not in ("", "identity")
+        self._chunks = response.aiter_bytes() if encoded else response.aiter_raw()  # one layer less
         self._buf = b""
         self.buffered: list[Event] = []
         self.finished = False
