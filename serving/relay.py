@@ -204,7 +204,8 @@ class DecodeStream:
     def __init__(self, response: httpx.Response) -> None:
         self.response = response
         encoded = response.headers.get("content-encoding", "identity") not in ("", "identity")
-        self._chunks = response.aiter_bytes() if encoded else response.aiter_raw()  # one layer less
+        raw = not encoded and not response.is_stream_consumed  # one generator layer less per read
+        self._chunks = response.aiter_raw() if raw else response.aiter_bytes()
         self._buf = b""
         self.buffered: list[Event] = []
         self.finished = False
