@@ -16,10 +16,9 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from .outlier import OutlierConfig
-
 __all__ = [
     "DecodeReplica",
+    "OutlierConfig",
     "PrefillEndpoint",
     "ProxyConfig",
     "load_config_file",
@@ -34,11 +33,59 @@ def _env_secret(name: str | None) -> str | None:
     return (os.environ.get(name) or None) if name else None
 
 
+def _reject_unknown(cls: type, data: Mapping[str, Any], what: str) -> None:
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown {what}(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+
+
 def _check_url(url: str, what: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{what} url={url!r} must be an http(s)://host[:port] URL")
     return url.rstrip("/")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutlierConfig:
+    """Thresholds of :class:`~.outlier.OutlierDetector` (the ``[outlier]`` table), defaults after
+    Envoy's outlier detection and vllm-router's circuit breaker; see docs/serving.md."""
+
+    consecutive_failures: int = 5
+    failure_rate: float = 0.5
+    window_s: float = 30.0
+    min_requests: int = 20
+    base_ejection_s: float = 10.0
+    max_ejection_s: float = 300.0
+    max_ejected_fraction: float = 0.5
+    panic_threshold: float = 0.5
+    success_threshold: int = 3
+    poison_hosts: int = 3
+    probe_failure_threshold: int = 3
+    probe_success_threshold: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("consecutive_failures", "min_requests", "success_threshold", "poison_hosts",
+                     "probe_failure_threshold", "probe_success_threshold"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"outlier.{name}={getattr(self, name)!r} must be an int >= 1")
+        for name in ("failure_rate", "max_ejected_fraction", "panic_threshold"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+                raise ValueError(f"outlier.{name}={value!r} must be in [0, 1]")
+        for name in ("window_s", "base_ejection_s", "max_ejection_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"outlier.{name}={value!r} must be > 0")
+        if self.max_ejection_s < self.base_ejection_s:
+            raise ValueError(f"{self.max_ejection_s=} must be >= base_ejection_s")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> OutlierConfig:
+        """From a config table; unknown keys are an error."""
+        _reject_unknown(cls, data, "outlier key")
+        return cls(**data)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -241,10 +288,7 @@ class ProxyConfig:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> ProxyConfig:
         """Build from a parsed config file; unknown keys are an error."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+        _reject_unknown(cls, data, "config key")
         values = dict(data)
         if "prefill" in values:
             values["prefill"] = tuple(_prefill_entry(p) for p in _as_list(values["prefill"], "prefill"))

@@ -23,54 +23,13 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+from .config import OutlierConfig
+
 __all__ = ["OutlierConfig", "OutlierDetector"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OutlierConfig:
-    """Thresholds of :class:`OutlierDetector` (the ``[outlier]`` table of the proxy config)."""
-
-    consecutive_failures: int = 5
-    failure_rate: float = 0.5
-    window_s: float = 30.0
-    min_requests: int = 20
-    base_ejection_s: float = 10.0
-    max_ejection_s: float = 300.0
-    max_ejected_fraction: float = 0.5
-    panic_threshold: float = 0.5
-    success_threshold: int = 3
-    poison_hosts: int = 3
-    probe_failure_threshold: int = 3
-    probe_success_threshold: int = 2
-
-    def __post_init__(self) -> None:
-        for name in ("consecutive_failures", "min_requests", "success_threshold", "poison_hosts",
-                     "probe_failure_threshold", "probe_success_threshold"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"outlier.{name}={getattr(self, name)!r} must be an int >= 1")
-        for name in ("failure_rate", "max_ejected_fraction", "panic_threshold"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
-                raise ValueError(f"outlier.{name}={value!r} must be in [0, 1]")
-        for name in ("window_s", "base_ejection_s", "max_ejection_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"outlier.{name}={value!r} must be > 0")
-        if self.max_ejection_s < self.base_ejection_s:
-            raise ValueError(f"{self.max_ejection_s=} must be >= base_ejection_s")
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> OutlierConfig:
-        """From a config table; unknown keys are an error."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown outlier key(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
-        return cls(**data)
 
 
 @dataclass(slots=True)

@@ -59,24 +59,24 @@ def _body_doc(chat: bool) -> dict[str, Any]:
                 (429, "pool full (Retry-After)"), (502, "upstream failed"), (503, "no replica / KV lease expired"))}}
 
 
-@router.post("/v1/completions", openapi_extra=_body_doc(chat=False))
-async def completions(request: Request) -> Response:
-    """OpenAI completions through prefill, the pool and the policy's decode replica."""
+async def _generate(request: Request, chat: bool) -> Response:
     try:
         _check_client(request)
     except ApiError as err:
         return error_response(err)
-    return await _proxy(request).generate(request, chat=False)
+    return await _proxy(request).generate(request, chat=chat)
+
+
+@router.post("/v1/completions", openapi_extra=_body_doc(chat=False))
+async def completions(request: Request) -> Response:
+    """OpenAI completions through prefill, the pool and the policy's decode replica."""
+    return await _generate(request, chat=False)
 
 
 @router.post("/v1/chat/completions", openapi_extra=_body_doc(chat=True))
 async def chat_completions(request: Request) -> Response:
     """OpenAI chat completions, same path."""
-    try:
-        _check_client(request)
-    except ApiError as err:
-        return error_response(err)
-    return await _proxy(request).generate(request, chat=True)
+    return await _generate(request, chat=True)
 
 
 @router.get("/v1/models")

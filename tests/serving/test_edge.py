@@ -20,8 +20,9 @@ from balanceroute.serving.proxy import build_policy
 from balanceroute.serving.routes import create_proxy_app
 from balanceroute.serving.runner import configure_logging
 
-from .conftest import assert_drained, mock_proxy, pd_config, prefill_reply, sse_stream
+from .conftest import assert_drained, mock_proxy, pd_config
 from .test_proxy_unit import Recorder
+from .test_proxy_unit import test_lease_expiry_in_the_pool_is_503 as lease_expiry_scenario
 
 pytestmark = pytest.mark.anyio
 
@@ -130,30 +131,7 @@ async def test_a_throwing_policy_degrades_to_least_load_and_leases_still_expire(
         assert b"balanceroute_policy_errors" in proxy.metrics.render()
         assert_drained(proxy)
     # lease expiry runs even though every tick's policy throws
-    hold = asyncio.Event()
-
-    async def slow(request: httpx.Request) -> httpx.Response:
-        if request.url.host.startswith("p"):
-            return prefill_reply()
-
-        async def gen():
-            await hold.wait()
-            for part in sse_stream(1):
-                yield part
-
-        from .conftest import ByteStream
-        return httpx.Response(200, stream=ByteStream(gen()))
-
-    config = pd_config(decode=[{"url": "http://d0:8000", "slots": 1}], kv_lease_s=0.3, lease_margin_s=0.1)
-    async with mock_proxy(config, slow, policy=policy_cls()) as (client, proxy):
-        first = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "x", "stream": True}))
-        while not proxy.ledger.num_active.any():
-            await asyncio.sleep(0.01)
-        resp = await client.post("/v1/completions", json={"prompt": "y"})
-        assert resp.status_code == 503 and resp.json()["error"]["code"] == "kv_lease_expired"
-        hold.set()
-        assert (await first).status_code == 200
-        assert_drained(proxy)
+    await lease_expiry_scenario(policy=policy_cls())
 
 
 def test_ttft_slo_reaches_the_policy_parameters() -> None:

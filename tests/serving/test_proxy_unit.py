@@ -318,7 +318,8 @@ async def test_pool_full_is_429_with_retry_after() -> None:
         assert_drained(proxy)
 
 
-async def test_lease_expiry_in_the_pool_is_503() -> None:
+async def test_lease_expiry_in_the_pool_is_503(policy=None) -> None:
+    """(``policy``: run the same scenario under another policy object.)"""
     hold = asyncio.Event()
 
     async def handler(request: httpx.Request) -> httpx.Response:
@@ -334,7 +335,7 @@ async def test_lease_expiry_in_the_pool_is_503() -> None:
         return httpx.Response(200, stream=ByteStream(gen()))
 
     config = pd_config(decode=[{"url": "http://d0:8000", "slots": 1}], kv_lease_s=0.3, lease_margin_s=0.1)
-    async with mock_proxy(config, handler) as (client, proxy):
+    async with mock_proxy(config, handler, policy=policy) as (client, proxy):
         first = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "x", "stream": True}))
         while not proxy.ledger.num_active.any():
             await asyncio.sleep(0.01)

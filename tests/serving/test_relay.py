@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from balanceroute.serving.relay import Assembler, DecodeStream, Event, StreamBroken, event_error
 
+from .conftest import ByteStream
+
 pytestmark = pytest.mark.anyio
 
 _text = st.text(st.characters(codec="utf-8"), max_size=12) | st.sampled_from(
@@ -83,22 +85,16 @@ async def test_framing_reassembles_split_events_and_crlf() -> None:
     raw = b'data: {"a": 1}\r\n\r\n: comment\n\ndata: {"b":\ndata: 2}\n\ndata: [DONE]\n\n'
     for size in (1, 5, len(raw)):
         parts = [raw[i:i + size] for i in range(0, len(raw), size)]
-        response = httpx.Response(200, stream=httpx.ByteStream(b""))
-        response.stream = _Parts(parts)
-        stream = DecodeStream(response)
+        stream = DecodeStream(httpx.Response(200, stream=ByteStream(_gen(parts))))
         got = []
         while batch := await stream.next_batch():
             got.extend(e.raw for e in batch)
         assert got == [b'{"a": 1}', b'{"b":\n2}', b"[DONE]"]
 
 
-class _Parts(httpx.AsyncByteStream):
-    def __init__(self, parts: list[bytes]) -> None:
-        self.parts = parts
-
-    async def __aiter__(self):
-        for p in self.parts:
-            yield p
+async def _gen(parts: list[bytes]):
+    for part in parts:
+        yield part
 
 
 def test_assembler_keeps_logprobs() -> None:
