@@ -115,6 +115,12 @@ class PrefillStage:
                 return t
         return fresh[0]
 
+    def _record(self, index: int, ok: bool) -> None:
+        reason = self.detector.record(index, ok)
+        if reason is not None:
+            self.metrics.ejections.labels("prefill", reason).inc()
+            log.warning("prefill instance %d ejected (%s)", index, reason)
+
     # --------------------------------------------------------------- the call
     async def run(self, ticket: Ticket, creq: ClientRequest) -> tuple[int, dict[str, Any] | None]:
         """Prefill on a usable instance, retrying on others; returns (s_i, decode's
@@ -147,7 +153,7 @@ class PrefillStage:
                 last = f"prefill {target.url}: {type(exc).__name__}: {exc}"
                 self.metrics.errors.labels("prefill_connect").inc()
                 if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
-                    self.detector.record(target.index, False)  # the instance's fault, not the request's
+                    self._record(target.index, False)  # the instance's fault, not the request's
                 else:
                     failed_on.append(target.index)
                 continue
@@ -178,8 +184,8 @@ class PrefillStage:
                 self.metrics.errors.labels("prefill_no_kv_params").inc()
             for index in failed_on:
                 if index != target.index:
-                    self.detector.record(index, False)
-            self.detector.record(target.index, True)
+                    self._record(index, False)
+            self._record(target.index, True)
             return prompt_len, kv
         raise ApiError(502, f"prefill failed after {len(tried)} attempt(s): {last}",
                        kind="prefill_failed", code="prefill_failed")

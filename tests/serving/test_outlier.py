@@ -117,3 +117,23 @@ async def test_a_broken_replica_is_ejected_and_a_poison_request_ejects_nobody() 
         assert proxy.members.outliers.ejections_total["consecutive"] == 1
         assert b'balanceroute_poison_requests_total{stage="decode"} 5.0' in proxy.metrics.render()
         assert_drained(proxy)
+
+
+@pytest.mark.anyio
+async def test_a_broken_prefill_instance_is_ejected_after_repeated_evidence() -> None:
+    hits: list[str] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        if host.startswith("p"):
+            hits.append(host)
+            return httpx.Response(503, text="overloaded") if host == "p0" else prefill_reply()
+        return httpx.Response(200, content=b"".join(sse_stream(1)))
+
+    async with mock_proxy(pd_config(outlier={"consecutive_failures": 2}), handler) as (client, proxy):
+        for _ in range(8):
+            assert (await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})).status_code == 200
+        assert proxy.prefills.detector.ejected(0) and not proxy.prefills.detector.ejected(1)
+        assert hits.count("p0") == 2  # round robin sent it two, then it was out
+        assert b'balanceroute_ejections_total{reason="consecutive",stage="prefill"} 1.0' in proxy.metrics.render()
+        assert_drained(proxy)
