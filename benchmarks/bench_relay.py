@@ -9,7 +9,9 @@ same run: the proxy's cost is the CPU time of the proxied run minus the direct r
 
 Reports, per client mode (``continuous``: the client asked for per-chunk usage, so chunks are
 forwarded as they are; ``plain``: no ``stream_options``, so usage is stripped from every
-chunk): proxy CPU µs per relayed token and relayed chunks per CPU-second (one core).
+chunk): proxy CPU µs per relayed token and relayed chunks per CPU-second (one core). The
+``floor`` row is a FastAPI app that only pipes the upstream bytes through (no pool, no
+scanning): the cost of the HTTP stack itself in this set-up.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import time
 from typing import Any
 
 import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
 
 from balanceroute.serving.config import ProxyConfig
 
@@ -117,6 +121,48 @@ async def measure(mode: str, streams: int, tokens: int, concurrency: int) -> dic
             "proxy_us_per_token": proxy_cpu / relayed * 1e6, "chunks_per_cpu_s": relayed / proxy_cpu}
 
 
+def _floor_app(upstream: httpx.AsyncClient) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def relay(request: Request) -> StreamingResponse:
+        body = await request.body()
+        resp = await upstream.send(upstream.build_request("POST", "http://d0:8000/v1/completions",
+                                                          content=body), stream=True)
+
+        async def pipe():
+            try:
+                async for part in resp.aiter_raw():
+                    yield part
+            finally:
+                await resp.aclose()
+
+        return StreamingResponse(pipe(), media_type="text/event-stream")
+
+    return app
+
+
+async def measure_floor(streams: int, tokens: int, concurrency: int) -> dict[str, float]:
+    parts = vllm_chunks(tokens)
+    body: dict[str, Any] = {"model": "m", "prompt": [1] * 12, "max_tokens": tokens, "stream": True}
+    async with httpx.AsyncClient(transport=MockDecode(parts), base_url="http://d0") as direct:
+        await _drive(direct, body, 4, concurrency)
+        c0 = time.process_time()
+        await _drive(direct, body, streams, concurrency)
+        direct_cpu = time.process_time() - c0
+    async with httpx.AsyncClient(transport=MockDecode(parts)) as upstream:
+        app = _floor_app(upstream)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as client:
+            await _drive(client, body, 4, concurrency)
+            c0 = time.process_time()
+            await _drive(client, body, streams, concurrency)
+            proxied_cpu = time.process_time() - c0
+    relayed = streams * tokens
+    proxy_cpu = max(proxied_cpu - direct_cpu, 1e-9)
+    return {"mode": "floor", "tokens": relayed, "direct_cpu_s": direct_cpu, "proxied_cpu_s": proxied_cpu,
+            "proxy_us_per_token": proxy_cpu / relayed * 1e6, "chunks_per_cpu_s": relayed / proxy_cpu}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=64)
@@ -126,6 +172,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = [asyncio.run(measure(mode, args.streams, args.tokens, args.concurrency))
             for mode in ("continuous", "plain")]
+    rows.append(asyncio.run(measure_floor(args.streams, args.tokens, args.concurrency)))
     if args.json:
         print(json.dumps(rows, indent=2))
         return

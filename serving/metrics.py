@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from .ledger import Ledger
@@ -24,12 +24,14 @@ _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
 
 
 class _LedgerCollector:
-    def __init__(self, ledger: Ledger, labels: list[str] | None, extra: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, metrics: ProxyMetrics, ledger: Ledger, labels: list[str] | None,
+                 extra: Callable[[], dict[str, Any]]) -> None:
+        self.metrics = metrics
         self.ledger = ledger
         self.labels = labels
         self.extra = extra
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         led = self.ledger
         yield GaugeMetricFamily("balanceroute_pool_size", "Prefilled requests waiting for a decode slot.",
                                 value=len(led.pool))
@@ -48,6 +50,8 @@ class _LedgerCollector:
             ("balanceroute_replica_free_slots", "Free slots the policy sees (0 when out of service).", led.free_slots()),
             ("balanceroute_replica_available", "1 if replica g is in service.", led.available.astype(int)),
         ]
+        yield CounterMetricFamily("balanceroute_relayed_tokens", "Completion tokens relayed to clients.",
+                                  value=self.metrics.relayed_tokens)
         for name, (doc, value) in self.extra().items():
             if isinstance(value, list):
                 per.append((name, doc, value))
@@ -72,8 +76,7 @@ class ProxyMetrics:
         self.errors = Counter("balanceroute_errors", "Errors by kind.", ["kind"], registry=self.registry)
         self.retries = Counter("balanceroute_retries", "Upstream attempts retried, by stage.", ["stage"],
                                registry=self.registry)
-        self.tokens = Counter("balanceroute_relayed_tokens", "Completion tokens relayed to clients.",
-                              registry=self.registry)
+        self.relayed_tokens = 0  # per chunk on the hot path: a plain int, exported at scrape time
         self.tick = Histogram("balanceroute_tick_seconds", "Duration of a scheduling tick (policy included).",
                               buckets=_TICK_BUCKETS, registry=self.registry)
         self.pool_wait = Histogram("balanceroute_pool_wait_seconds", "Time from prefill done to decode slot.",
@@ -89,7 +92,7 @@ class ProxyMetrics:
     def register_gauges(self, extra: Callable[[], dict[str, Any]] = dict) -> None:
         """Add the gauges read at scrape time: the ledger's, and ``extra()`` — name → (doc,
         value), a list value being one per replica."""
-        self.registry.register(_LedgerCollector(self._ledger, self._labels, extra))
+        self.registry.register(_LedgerCollector(self, self._ledger, self._labels, extra))
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""

@@ -249,7 +249,7 @@ class Proxy:
         stage, s_i from ``usage.prompt_tokens``). Idempotent: re-observing changes nothing."""
         done = event.completion_tokens
         if done is not None and done > ticket.age:
-            self.metrics.tokens.inc(done - ticket.age)
+            self.metrics.relayed_tokens += done - ticket.age
             self.ledger.progress(ticket, done)
         if not ticket.prompt_checked and event.usage_span is not None:
             ticket.prompt_checked = True

@@ -34,7 +34,6 @@ __all__ = ["Assembler", "DecodeStream", "Event", "RelayResponse", "StreamBroken"
 
 _USAGE_KEY = re.compile(rb'[{,]\s*"usage"\s*:\s*')
 _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-_DIGITS = re.compile(rb"\s*(\d+)")
 _PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _FINISH = re.compile(rb'[{,]\s*"finish_reason"\s*:\s*(n?)')
 _NO_CHOICES = re.compile(rb'[{,]\s*"choices"\s*:\s*\[\s*\]')
@@ -110,9 +109,14 @@ class Event:
             self.usage_span = (key, start, end)
             if end - start > 4:
                 at = raw.find(b'"completion_tokens":', start, end)
-                m = _DIGITS.match(raw, at + 20) if at >= 0 else _COMPLETION.search(raw, start, end)
-                if m is not None:
-                    self.completion_tokens = int(m.group(1))
+                if at >= 0:  # int() takes the digits as bytes and ignores surrounding spaces
+                    stop = raw.find(b",", at + 20, end)
+                    with contextlib.suppress(ValueError):
+                        self.completion_tokens = int(raw[at + 20:stop if stop >= 0 else end - 1])
+                else:
+                    m = _COMPLETION.search(raw, start, end)
+                    if m is not None:
+                        self.completion_tokens = int(m.group(1))
         at = raw.find(b'"finish_reason":')
         if at > 0 and raw[at - 1] in b",{":
             self.finished = raw[at + 16:at + 17] not in (b"n", b" ")
