@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from balanceroute.core.state import Assignment
 from balanceroute.serving.config import ProxyConfig
-from balanceroute.serving.proxy import build_policy
+from balanceroute.serving.proxy import Proxy, build_policy
 from balanceroute.serving.routes import create_proxy_app
 from balanceroute.serving.runner import configure_logging
 
@@ -132,6 +132,15 @@ async def test_a_throwing_policy_degrades_to_least_load_and_leases_still_expire(
         assert_drained(proxy)
     # lease expiry runs even though every tick's policy throws
     await lease_expiry_scenario(policy=policy_cls())
+
+
+async def test_not_ready_until_the_tick_is_warm() -> None:
+    policy = Throwing()
+    async with httpx.AsyncClient() as http:
+        proxy = Proxy(pd_config(), http, policy)
+        assert not proxy.ready and policy.calls == 0
+        proxy.warm_up()
+        assert proxy.ready and policy.calls == 1 and proxy.ledger.accepted == 0  # a scratch ledger
 
 
 def test_ttft_slo_reaches_the_policy_parameters() -> None:

@@ -382,12 +382,15 @@ async def test_status_admin_token_and_metrics(monkeypatch: pytest.MonkeyPatch) -
         status = (await client.get("/status", headers={"Authorization": "Bearer s3cret"})).json()
         assert status["policy"] == "br0" and status["requests"]["finished"] == {"ok": 1}
         assert status["tick"]["count"] >= 1 and len(status["replicas"]) == 2
+        assert status["pool"]["oldest_wait_s"] == 0.0 and status["panic"] is False
         drained = await client.post("/admin/replicas/1/drain", headers={"Authorization": "Bearer s3cret"})
         assert drained.json()["available"] is False
         text = (await client.get("/metrics")).text
         for name in ("balanceroute_requests_total", "balanceroute_pool_size", "balanceroute_imbalance_tokens",
                      "balanceroute_replica_kv_load_tokens", "balanceroute_replica_running",
-                     "balanceroute_tick_seconds_bucket", "balanceroute_errors_total"):
+                     "balanceroute_tick_seconds_bucket", "balanceroute_errors_total",
+                     "balanceroute_pool_wait_seconds_bucket", "balanceroute_ttft_seconds_bucket",
+                     "balanceroute_relayed_tokens_total 3.0", "balanceroute_ejections_total"):
             assert name in text
         assert (await client.get("/health")).status_code == 200
         assert_drained(proxy)
