@@ -159,16 +159,18 @@ def test_ttft_slo_reaches_the_policy_parameters() -> None:
 
 def test_health_probe_lines_are_debug_only() -> None:
     root = logging.getLogger()
-    before = (root.level, list(root.handlers), logging.getLogger("httpx").level)
+    quiet = [logging.getLogger(name) for name in ("httpx", "httpcore")]
+    before = (root.level, list(root.handlers), [q.level for q in quiet])
     try:
         configure_logging("info")
-        assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+        assert not any(q.isEnabledFor(logging.INFO) for q in quiet)
         configure_logging("debug")
-        assert logging.getLogger("httpx").isEnabledFor(logging.DEBUG)
+        assert all(q.isEnabledFor(logging.DEBUG) for q in quiet)
     finally:
         root.setLevel(before[0])
         root.handlers[:] = before[1]
-        logging.getLogger("httpx").setLevel(before[2])
+        for q, level in zip(quiet, before[2]):
+            q.setLevel(level)
 
 
 # ------------------------------------------------------------------------------ fuzzing
