@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import hmac
 import inspect
 import logging
@@ -140,17 +141,20 @@ class Proxy:
 
     # ----------------------------------------------------------------- lifecycle
     def warm_up(self) -> None:
-        """Run the policy once on a scratch ledger of this cluster's shape, so a compiled tick
-        is compiled (or loaded from its cache) before the first request, not during it."""
+        """Run a copy of the policy once on a scratch ledger of this cluster's shape, so a
+        compiled tick is compiled (or loaded from its cache) before the first request, not
+        during it. The policy object itself is not called: its state (cursors, memos) and
+        anything watching it see only real ticks."""
         scratch = Ledger(self.config.replica_slots(), pool_capacity=self.config.pool_capacity)
         for k in range(min(4, self.config.pool_capacity)):
             scratch.enqueue(scratch.admit(f"warm-{k}"), 16 * (k + 1), 0.0, self.config.kv_lease_s)
         inputs = scratch.build_tick(0.0)
         t0 = time.perf_counter()
         try:
+            twin = copy.deepcopy(self.policy)
             if inputs is not None:
-                self.policy.assign(*inputs)
-        except Exception as exc:  # the per-tick fallback takes over if it keeps failing
+                twin.assign(*inputs)
+        except Exception as exc:  # the per-tick fallback takes over if the policy keeps failing
             log.warning("policy warm-up failed: %r", exc)
         log.debug("policy warm-up took %.3f s", time.perf_counter() - t0)
         self.warm = True
