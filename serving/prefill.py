@@ -96,13 +96,13 @@ class PrefillStage:
         usable = self.in_service()
         return any(usable[t.index] for t in self.targets)
 
-    def pick(self, exclude: list[PrefillTarget]) -> PrefillTarget | None:
-        """Round robin (or least in-flight prompt tokens) over usable targets not yet tried;
-        targets on an instance that already failed this request come last."""
+    def pick(self, tried: list[PrefillTarget]) -> PrefillTarget | None:
+        """Round robin (or least in-flight prompt tokens) over usable targets on instances this
+        request has not tried; when it has tried them all, over every usable target again."""
         usable = self.in_service()
-        tried = {t.index for t in exclude}
-        pool = [t for t in self.targets if usable[t.index] and t not in exclude]
-        fresh = [t for t in pool if t.index not in tried] or pool
+        seen = {t.index for t in tried}
+        pool = [t for t in self.targets if usable[t.index]]
+        fresh = [t for t in pool if t.index not in seen] or pool
         if not fresh:
             return None
         if self.config.prefill_balance == "least_loaded":
