@@ -255,7 +255,7 @@ class Proxy:
         if done is not None and done > ticket.age:
             self.metrics.relayed_tokens += done - ticket.age
             self.ledger.progress(ticket, done)
-        if not ticket.prompt_checked and event.usage_span is not None:
+        if not ticket.prompt_checked and done is not None:  # the first usage object (not null)
             ticket.prompt_checked = True
             prompt = event.prompt_tokens
             if not self.dialect.has_prefill and prompt is not None and prompt > 0:
