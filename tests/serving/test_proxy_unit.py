@@ -394,3 +394,31 @@ async def test_status_admin_token_and_metrics(monkeypatch: pytest.MonkeyPatch) -
             assert name in text
         assert (await client.get("/health")).status_code == 200
         assert_drained(proxy)
+
+
+async def test_without_prefill_the_prompt_estimate_is_replaced_by_decodes_usage() -> None:
+    hold = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        async def gen():
+            yield b'data: {"id": "x", "choices": [{"index": 0, "text": "", "finish_reason": null}], "usage": null}\n\n'
+            yield chunk(" t0", 1, prompt=37)
+            yield chunk(" t1", 2, prompt=37)
+            await hold.wait()
+            yield chunk(" t2", 3, prompt=37, finish="length")
+            yield b"data: [DONE]\n\n"
+
+        return httpx.Response(200, stream=ByteStream(gen()))
+
+    config = pd_config(kv_dialect="none", prefill=[])
+    async with mock_proxy(config, handler) as (client, proxy):
+        reply = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "x" * 400, "stream": True}))
+        for _ in range(1000):  # the estimate 100 (400 bytes / 4) becomes 37, plus 2 tokens
+            if proxy.ledger.loads.sum() == 37 + 2:
+                break
+            await asyncio.sleep(0.01)
+        assert proxy.ledger.loads.sum() == 37 + 2
+        hold.set()
+        got = events((await reply).content)
+        assert "".join(e["choices"][0]["text"] for e in got[:-1]) == " t0 t1 t2"
+        assert_drained(proxy)
