@@ -71,6 +71,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--upstream-api-key-env", metavar="VAR",
                    help="send the bearer token in this environment variable to every upstream "
                         "(none is sent by default; per upstream: api_key_env in the config)")
+    p.add_argument("--params", action="append", default=[], metavar="FILE",
+                   help="policy parameters from a `balanceroute tune --write-params` file (a "
+                        "brh-<predictor> file applies to brh, which serves without a fitted "
+                        "predictor); --policy-param overrides single keys")
     p.add_argument("--ttft-slo", type=float, dest="ttft_slo_s", metavar="SECONDS",
                    help="TTFT objective passed to the policy as ttft_slo_s (policies that take it)")
     p.add_argument("--max-model-len", type=int, help="reject max_tokens above this with 400")
@@ -144,10 +148,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.set_defaults(handler=_loadgen)
 
 
-def _serve(args: argparse.Namespace) -> int:
+def serve_config(args: argparse.Namespace):
+    """The :class:`~.config.ProxyConfig` that ``serve``'s flags (and ``--config``) describe."""
     from .config import ProxyConfig, load_config_file
-    from .routes import create_proxy_app
-    from .runner import bind_socket, configure_logging, run_foreground, url_of
 
     mapping: dict[str, Any] = load_config_file(args.config) if args.config else {}
     for key in ("host", "port", "kv_dialect", "slots", "policy", "prefill_balance", "bootstrap_port",
@@ -159,6 +162,8 @@ def _serve(args: argparse.Namespace) -> int:
             mapping[key] = value
     if args.served_models:
         mapping["served_models"] = args.served_models
+    if args.params:
+        _apply_params_file(mapping, args.params)
     if args.policy_param:
         mapping["policy_params"] = {**mapping.get("policy_params", {}), **dict(args.policy_param)}
     if args.prefill:
@@ -168,7 +173,14 @@ def _serve(args: argparse.Namespace) -> int:
                              for u in args.decode]
     elif args.dp_size:
         raise ValueError("--dp-size needs --decode URL")
-    config = ProxyConfig.from_mapping(mapping)
+    return ProxyConfig.from_mapping(mapping)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .routes import create_proxy_app
+    from .runner import bind_socket, configure_logging, run_foreground, url_of
+
+    config = serve_config(args)
     configure_logging(config.log_level)
     app = create_proxy_app(config)
     sock = bind_socket(config.host, config.port)
@@ -179,6 +191,23 @@ def _serve(args: argparse.Namespace) -> int:
 
     run_foreground([(app, sock)], started=started, log_level=config.log_level)
     return 0
+
+
+def _apply_params_file(mapping: dict[str, Any], paths: list[str]) -> None:
+    """Merge one ``--params`` file into the proxy config ``mapping`` (policy and its params)."""
+    from balanceroute.params import read_params
+
+    files = read_params(paths)
+    if len(files) != 1:
+        raise ValueError("serve runs one policy: give one --params file")
+    (named, params), = files.items()
+    served = "brh" if named.startswith("brh-") else named
+    policy = mapping.get("policy") or served
+    if policy != served:
+        raise ValueError(f"--params {files.sources[named]} is for {named!r}, but the proxy runs "
+                         f"{policy!r}")
+    mapping["policy"] = policy
+    mapping["policy_params"] = {**mapping.get("policy_params", {}), **params}
 
 
 def _step_model(text: str):

@@ -7,6 +7,8 @@ import json
 import pytest
 
 from balanceroute.cli import build_parser, main
+from balanceroute.params import write_params
+from balanceroute.serving.cli import serve_config
 
 from .conftest import running_emulator
 
@@ -63,3 +65,19 @@ def test_bad_serve_security_settings_exit_2(argv, message, capsys) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_serve_takes_a_tune_params_file(tmp_path, capsys) -> None:
+    path = tmp_path / "brh.json"
+    write_params(path, "brh-survival", {"horizon": 40, "gamma": 0.95, "beta": 32.0, "s_greedy": 4},
+                 {"command": "tune"})
+    base = ["serve", "--kv-dialect", "none", "--decode", "http://a:1", "--params", str(path)]
+    config = serve_config(build_parser().parse_args(base))
+    # a brh-<predictor> file runs as brh (the proxy fits no predictor); --policy-param wins
+    assert config.policy == "brh" and dict(config.policy_params) == {
+        "horizon": 40, "gamma": 0.95, "beta": 32.0, "s_greedy": 4}
+    config = serve_config(build_parser().parse_args([*base, "--policy-param", "s_greedy=8"]))
+    assert config.policy_params["s_greedy"] == 8
+    assert main([*base, "--policy", "br0"]) == 2
+    err = capsys.readouterr().err
+    assert "is for 'brh-survival', but the proxy runs 'br0'" in err and "Traceback" not in err
