@@ -11,6 +11,9 @@ from balanceroute.cli import main
 from balanceroute.solvers.factories import random_tick_instance
 from balanceroute.solvers.gap import heuristic_gap, summarize, tick_gap_rows
 
+pytest.importorskip("ortools", reason="the solvers extra (OR-Tools) is not installed")
+pytest.importorskip("pulp", reason="the solvers extra (PuLP) is not installed")
+
 
 def test_heuristic_gap_signs() -> None:
     assert heuristic_gap(8.0, 10.0, "max") == pytest.approx(0.2)

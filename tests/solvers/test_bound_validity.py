@@ -1,0 +1,87 @@
+"""Property: every bound is valid against brute force on random tiny instances — both
+objectives, horizons H > 0 with discounts, fractional loads and α > β for ticks; releases, work
+conservation on and off and both objectives for clairvoyant episodes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from balanceroute.solvers import ClairvoyantInstance, TickInstance, get_solver
+from balanceroute.solvers.aggregate_bound import aggregate_bound
+from balanceroute.solvers.bounds import (
+    clairvoyant_lp_bound,
+    clairvoyant_trivial_bound,
+    tick_lp_bound,
+    tick_trivial_bound,
+)
+from tests.solvers.brute import enumerate_clairvoyant
+
+pytest.importorskip("ortools", reason="the solvers extra (OR-Tools) is not installed")
+pytest.importorskip("cvxpy", reason="the solvers extra (cvxpy) is not installed")
+
+PROPERTY = settings(max_examples=40, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def tick_instances(draw) -> TickInstance:
+    g = draw(st.integers(2, 3))
+    p = draw(st.integers(1, 5))
+    h = draw(st.integers(0, 2))
+    tenths = draw(st.booleans())  # fractional loads (multiples of 0.1) or integers
+    loads = np.array(draw(st.lists(st.integers(0, 400 if tenths else 40), min_size=g * (h + 1),
+                                   max_size=g * (h + 1))), dtype=float).reshape(g, h + 1)
+    if tenths:
+        loads /= 10
+    free = draw(st.lists(st.integers(0, 2), min_size=g, max_size=g))
+    free[0] = max(free[0], 1)
+    return TickInstance(
+        proj_loads=loads, free_slots=free,
+        prompt_len=draw(st.lists(st.integers(1, 20), min_size=p, max_size=p)),
+        d=draw(st.sampled_from([0.5, 1.0])) ** np.arange(h + 1),
+        alpha=draw(st.sampled_from([0.5, 1.0, 2.0])),
+        beta=draw(st.sampled_from([0.0, 0.5, 1.0, float(g), 2.0 * g])),
+        objective=draw(st.sampled_from(["f_score", "imbalance"])),
+        work_conserving=draw(st.booleans()),
+    )
+
+
+@PROPERTY
+@given(tick_instances())
+def test_tick_bounds_are_valid(inst: TickInstance) -> None:
+    best = get_solver("tick-brute").solve(inst).objective
+    for bound in (tick_lp_bound(inst), tick_trivial_bound(inst)):
+        if inst.sense == "max":
+            assert bound >= best - 1e-6, inst.to_json()
+        else:
+            assert bound <= best + 1e-6, inst.to_json()
+
+
+@st.composite
+def clairvoyant_instances(draw) -> ClairvoyantInstance:
+    n = draw(st.integers(1, 3))
+    return ClairvoyantInstance(
+        num_replicas=draw(st.integers(1, 2)), slots=draw(st.integers(1, 2)),
+        prompt_len=draw(st.lists(st.integers(1, 30), min_size=n, max_size=n)),
+        output_len=draw(st.lists(st.integers(1, 3), min_size=n, max_size=n)),
+        release=sorted(draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))),
+        objective=draw(st.sampled_from(["imbalance", "step_time"])),
+        work_conserving=draw(st.booleans()),
+        step_b=0.03, step_a=draw(st.sampled_from([2e-7, 0.01])),
+    )
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(clairvoyant_instances())
+def test_clairvoyant_bounds_are_valid(inst: ClairvoyantInstance) -> None:
+    best = enumerate_clairvoyant(inst)
+    agg = aggregate_bound(inst, time_limit_s=60)
+    assert agg.status == "OPTIMAL"  # tiny: proven, so the check is on the relaxation itself
+    for bound in (clairvoyant_lp_bound(inst), clairvoyant_trivial_bound(inst), agg.bound):
+        assert bound <= best * (1 + 1e-9) + 1e-9, inst.to_json()
+    sol = get_solver("clairvoyant-cpsat").solve(inst, time_limit_s=60)
+    assert sol.objective == pytest.approx(best, rel=1e-9, abs=1e-9)
