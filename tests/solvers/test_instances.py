@@ -70,3 +70,17 @@ def test_load_rejects_unknown_fields(tmp_path) -> None:
     path.write_text('{"kind": "nope"}')
     with pytest.raises(ValueError, match="'kind'"):
         load_instance(path)
+
+
+def test_shipped_benchmarks_hold_their_proven_optima() -> None:
+    pytest.importorskip("ortools", reason="the solvers extra (OR-Tools) is not installed")
+    from balanceroute.solvers import get_solver
+    from balanceroute.solvers.benchmarks import load_benchmarks
+
+    records = load_benchmarks()
+    assert len(records) >= 6
+    for inst, rec in records:
+        assert rec["bound"] <= rec["incumbent"]
+        if inst.num_requests <= 5:  # tiny: re-prove
+            sol = get_solver("clairvoyant-cpsat").solve(inst, time_limit_s=60)
+            assert sol.status == "optimal" and sol.objective == rec["optimum"]
