@@ -69,11 +69,12 @@ def register(subparsers: Any) -> None:
     run.add_argument("--solver-param", action="append", default=[], metavar="KEY=VALUE",
                      help="a backend parameter (repeatable): CP-SAT SatParameters field, HiGHS "
                           "option, CBC option or the PuLP solver's keyword")
-    run.add_argument("--aggregate-bound", action=argparse.BooleanOptionalAction, default=True,
-                     help="clairvoyant: prove a lower bound with the aggregated replica-free "
-                          "relaxation (CP-SAT)")
+    run.add_argument("--relaxation", choices=("auto", "aggregate", "migration", "both", "none"),
+                     default="auto",
+                     help="clairvoyant: CP-SAT relaxations proving the lower bound (auto: "
+                          "aggregated, plus migration on small episodes)")
     run.add_argument("--bound-time-limit", type=float, default=None,
-                     help="clairvoyant: seconds for the aggregated bound (default --time-limit)")
+                     help="clairvoyant: seconds per relaxation bound (default --time-limit)")
     run.add_argument("--polish-iters", type=int, default=100_000,
                      help="clairvoyant: most local-search neighbours tried on the best schedule")
     out = p.add_argument_group("output")
@@ -261,7 +262,7 @@ def run_gap(args: argparse.Namespace) -> int:
         if args.mode == "tick":
             rows = tick_gap_rows(instances, **common)
         else:
-            rows = clairvoyant_gap_rows(instances, aggregate=args.aggregate_bound,
+            rows = clairvoyant_gap_rows(instances, relaxation=args.relaxation,
                                         bound_time_limit_s=args.bound_time_limit,
                                         polish_iters=args.polish_iters, **common)
     finally:

@@ -104,7 +104,7 @@ def clairvoyant_gap_rows(
     solver: str = "clairvoyant-cpsat", time_limit_s: float = 60.0, gap_rel: float = 0.0,
     threads: int = 1, seed: int = 0, lp_bound: bool = False, progress: Progress = None,
     params: dict[str, str] | None = None, log_dir: str | None = None,
-    export_dir: str | None = None, aggregate: bool = True,
+    export_dir: str | None = None, relaxation: str = "auto",
     bound_time_limit_s: float | None = None, polish_iters: int = 100_000,
 ) -> list[dict[str, Any]]:
     """Simulate each policy on each episode, then find the best work-conserving schedule within
@@ -112,10 +112,12 @@ def clairvoyant_gap_rows(
     schedule; coarsened schedules repaired to be work-conserving per decode step), one third
     for a local search from the better of the two (at most ``polish_iters`` neighbours). The
     proven lower bound is the best of the solver's (q = 1), the LP relaxation (``lp_bound``),
-    the closed form and — with ``aggregate`` — the aggregated replica-free relaxation
-    (``bound_time_limit_s``, default ``time_limit_s``); ``bound_method`` names the winner.
+    the closed form and the CP-SAT relaxations named by ``relaxation`` (``aggregate``,
+    ``migration``, ``both``, ``none``; ``auto``: the aggregated one, plus the migration one on
+    small episodes, n·G·T ≤ ``MIGRATION_SIZE``), each within ``bound_time_limit_s`` (default
+    ``time_limit_s``); ``bound_method`` names the winner.
     Policies' gaps are against the best schedule (``rel_gap``) and the bound (``gap_to_bound``)."""
-    from .aggregate_bound import METHOD, aggregate_bound
+    from .aggregate_bound import METHODS, aggregate_bound
     from .bounds import clairvoyant_lp_bound, clairvoyant_trivial_bound
     from .bridge import simulate_schedule
     from .incumbent import improve_schedule
@@ -149,12 +151,13 @@ def clairvoyant_gap_rows(
         bounds = {"solver": sol.bound if inst.step == 1 else math.nan,
                   "lp": clairvoyant_lp_bound(inst) if lp_bound and inst.step == 1 else math.nan,
                   "closed form": clairvoyant_trivial_bound(inst)}
+        relaxed = [] if proven else _relaxations(relaxation, inst)
         agg = None
-        if aggregate and not proven:
+        for which in relaxed:
             agg = aggregate_bound(inst, time_limit_s=bound_time_limit_s or time_limit_s,
-                                  threads=threads, seed=seed, hint=start,
-                                  **_solver_options(None, stem + "-aggregate", log_dir, export_dir))
-            bounds[METHOD] = agg.bound
+                                  threads=threads, seed=seed, hint=start, relaxation=which,
+                                  **_solver_options(None, f"{stem}-{which}", log_dir, export_dir))
+            bounds[METHODS[which]] = agg.bound
         finite = {m: b for m, b in bounds.items() if math.isfinite(b)}
         method = max(finite, key=lambda m: finite[m]) if finite else "none"
         lower = finite.get(method, math.nan)
@@ -186,6 +189,22 @@ def clairvoyant_gap_rows(
         if progress is not None:
             progress()
     return rows
+
+
+#: ``relaxation="auto"`` adds the migration relaxation when n·G·T is at most this.
+MIGRATION_SIZE = 2_000
+
+
+def _relaxations(relaxation: str, inst: ClairvoyantInstance) -> list[str]:
+    """Which CP-SAT relaxations bound this episode."""
+    choices = {"none": [], "aggregate": ["aggregate"], "migration": ["migration"],
+               "both": ["aggregate", "migration"]}
+    if relaxation == "auto":
+        size = inst.num_requests * inst.num_replicas * (inst.model_horizon * inst.step)
+        return ["aggregate", "migration"] if size <= MIGRATION_SIZE else ["aggregate"]
+    if relaxation not in choices:
+        raise ValueError(f"relaxation={relaxation!r} must be one of auto, {', '.join(choices)}")
+    return choices[relaxation]
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

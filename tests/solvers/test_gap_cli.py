@@ -59,3 +59,32 @@ def test_cli_user_errors(capsys) -> None:
     assert "unknown policy" in capsys.readouterr().err
     assert main(["gap", "--solver", "clairvoyant-cpsat", "--no-progress"]) == 2
     assert "does not solve tick" in capsys.readouterr().err
+
+
+def test_cli_clairvoyant_toolkit(tmp_path, capsys) -> None:
+    logs, models = tmp_path / "logs", tmp_path / "models"
+    assert main(["gap", "--mode", "clairvoyant", "--instances", "1", "--requests", "4",
+                 "--replicas", "2", "--slots", "1", "--policies", "br0,jsq", "--step", "1",
+                 "--time-limit", "30", "--solver-param", "max_deterministic_time=20",
+                 "--solver-log", str(logs), "--export", str(models)]) == 0
+    captured = capsys.readouterr()
+    assert "proven lower bounds" in captured.out and "sum_rel_gap" in captured.out
+    assert "\r" not in captured.err  # no progress-bar frames when stderr is not a terminal
+    assert "gap clairvoyant: 1/1 instances" in captured.err
+    assert list(logs.glob("*.log")) and list(models.glob("*.cpsat.pb.txt"))
+
+
+def test_cli_solver_param_errors(capsys) -> None:
+    assert main(["gap", "--instances", "1", "--pool", "3", "--solver-param", "oops",
+                 "--no-progress"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+    assert main(["gap", "--instances", "1", "--pool", "3", "--solver-param", "nope=1",
+                 "--no-progress"]) == 2
+    assert "no parameter 'nope'" in capsys.readouterr().err
+
+
+def test_cli_tick_export_with_highs(tmp_path) -> None:
+    pytest.importorskip("highspy", reason="HiGHS (highspy) is not installed")
+    assert main(["gap", "--instances", "2", "--pool", "4", "--solver", "tick-highs",
+                 "--export", str(tmp_path), "--no-progress", "--quiet"]) == 0
+    assert len(list(tmp_path.glob("*.mps"))) == 2 and len(list(tmp_path.glob("*.lp"))) == 2
