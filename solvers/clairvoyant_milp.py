@@ -28,7 +28,7 @@ from .clairvoyant_eval import (
 )
 from .incumbent import decode_step_schedule
 from .instances import ClairvoyantInstance
-from .pulp_backend import PULP_BACKENDS, export_pulp, solve_pulp
+from .pulp_backend import PULP_BACKENDS, AnyPulpBackend, export_pulp, solve_pulp
 
 __all__ = ["ClairvoyantCbcSolver", "ClairvoyantHighsSolver", "ClairvoyantPulpSolver",
            "build_clairvoyant_milp", "mip_start"]
@@ -199,12 +199,7 @@ class ClairvoyantHighsSolver(_PulpClairvoyantSolver):
     requires = PULP_BACKENDS["highs"]
 
 
-class ClairvoyantPulpSolver(_PulpClairvoyantSolver):
+class ClairvoyantPulpSolver(AnyPulpBackend, _PulpClairvoyantSolver):
     """Clairvoyant MILP on any solver PuLP knows (``get_solver("clairvoyant-pulp:SCIP_PY")``)."""
 
     name = "clairvoyant-pulp"
-    requires = ("pulp",)
-
-    def __init__(self, backend: str) -> None:
-        self.backend = backend
-        self.name = f"clairvoyant-pulp:{backend}"  # type: ignore[misc]

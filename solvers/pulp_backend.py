@@ -24,12 +24,24 @@ from typing import Any
 
 from .base import FEASIBLE, NO_SOLUTION, OPTIMAL
 
-__all__ = ["PULP_BACKENDS", "export_pulp", "pulp_solver_available", "reset_highs_threads", "solve_pulp"]
+__all__ = ["PULP_BACKENDS", "AnyPulpBackend", "export_pulp", "pulp_solver_available", "reset_highs_threads", "solve_pulp"]
 
 #: Python modules each named PuLP backend needs (``highspy`` for PuLP's in-process ``HiGHS``).
 PULP_BACKENDS: dict[str, tuple[str, ...]] = {"cbc": ("pulp",), "highs": ("pulp", "highspy")}
 
 _CBC_BOUND = re.compile(r"^(?:Lower|Upper) bound:\s+(\S+)", re.MULTILINE)
+
+
+class AnyPulpBackend:
+    """Mixin for a PuLP model solver whose backend is chosen at construction: any
+    ``pulp.listSolvers()`` name; the solver is then named ``<problem>-pulp:<backend>``."""
+
+    problem: str
+    requires: tuple[str, ...] = ("pulp",)
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.name = f"{self.problem}-pulp:{backend}"
 
 
 def pulp_solver_available(name: str) -> bool:

@@ -18,7 +18,7 @@ import numpy as np
 
 from .base import BackendSolver, Solution, check_solve_args
 from .instances import TickInstance
-from .pulp_backend import PULP_BACKENDS, export_pulp, solve_pulp
+from .pulp_backend import PULP_BACKENDS, AnyPulpBackend, export_pulp, solve_pulp
 from .tick_eval import check_tick_assignment, tick_objective
 
 __all__ = ["TickCbcSolver", "TickHighsSolver", "TickPulpSolver", "build_tick_milp"]
@@ -142,12 +142,7 @@ class TickHighsSolver(_PulpTickSolver):
     requires = PULP_BACKENDS["highs"]
 
 
-class TickPulpSolver(_PulpTickSolver):
+class TickPulpSolver(AnyPulpBackend, _PulpTickSolver):
     """Per-tick MILP on any solver PuLP knows (``get_solver("tick-pulp:SCIP_PY")``)."""
 
     name = "tick-pulp"
-    requires = ("pulp",)
-
-    def __init__(self, backend: str) -> None:
-        self.backend = backend
-        self.name = f"tick-pulp:{backend}"  # type: ignore[misc]
