@@ -51,7 +51,9 @@ def register(subparsers: Any) -> None:
     src.add_argument("--sim-requests", type=int, default=2000, help="tick --workload: simulated requests")
     src.add_argument("--min-output", type=int, default=None, help="--workload: keep outputs >= this")
     src.add_argument("--max-output", type=int, default=None, help="--workload: keep outputs <= this")
-    src.add_argument("--load", nargs="+", default=None, metavar="PATH", help="instance JSON files")
+    src.add_argument("--load", nargs="+", default=None, metavar="PATH",
+                     help="instance JSON files or benchmark libraries "
+                          "(balanceroute/data/benchmarks/clairvoyant.json)")
     src.add_argument("--save", default=None, metavar="DIR", help="write the instances as JSON here")
     run = p.add_argument_group("solving")
     run.add_argument("--objective", default=None,
@@ -102,7 +104,14 @@ def _instances(args: argparse.Namespace) -> list:
     if args.instances < 1 or args.replicas < 1 or args.pool < 1:
         raise ValueError("--instances, --replicas and --pool must be >= 1")
     if args.load:
-        loaded = [load_instance(path) for path in args.load]
+        from .benchmarks import is_benchmark_library, load_benchmarks
+
+        loaded = []
+        for path in args.load:
+            if is_benchmark_library(path):
+                loaded += [inst for inst, _ in load_benchmarks(path)]
+            else:
+                loaded.append(load_instance(path))
         kinds = {"clairvoyant" if isinstance(x, ClairvoyantInstance) else "tick" for x in loaded}
         if len(kinds) > 1:
             raise ValueError("--load mixes tick and clairvoyant instances")

@@ -88,3 +88,18 @@ def test_cli_tick_export_with_highs(tmp_path) -> None:
     assert main(["gap", "--instances", "2", "--pool", "4", "--solver", "tick-highs",
                  "--export", str(tmp_path), "--no-progress", "--quiet"]) == 0
     assert len(list(tmp_path.glob("*.mps"))) == 2 and len(list(tmp_path.glob("*.lp"))) == 2
+
+
+def test_cli_loads_the_benchmark_library(tmp_path, capsys) -> None:
+    import json
+
+    from balanceroute.solvers.benchmarks import load_benchmarks
+
+    inst, rec = load_benchmarks()[0]
+    lib = tmp_path / "lib.json"
+    lib.write_text(json.dumps({"records": [rec]}))
+    out = tmp_path / "rows.csv"
+    assert main(["gap", "--load", str(lib), "--policies", "br0", "--time-limit", "30",
+                 "--no-progress", "--quiet", "--csv", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert float(rows[0]["optimum"]) == rec["optimum"] and rows[0]["reference"] == "optimum"
