@@ -73,8 +73,8 @@ def register(subparsers: Any) -> None:
                           "option, CBC option or the PuLP solver's keyword")
     run.add_argument("--relaxation", choices=("auto", "aggregate", "migration", "both", "none"),
                      default="auto",
-                     help="clairvoyant: CP-SAT relaxations proving the lower bound (auto: "
-                          "aggregated, plus migration on small episodes)")
+                     help="clairvoyant: relaxations proving the lower bound (auto: aggregated, "
+                          "plus the migration relaxation where its exact DP fits)")
     run.add_argument("--bound-time-limit", type=float, default=None,
                      help="clairvoyant: seconds per relaxation bound (default --time-limit)")
     run.add_argument("--polish-iters", type=int, default=100_000,

@@ -112,15 +112,17 @@ def clairvoyant_gap_rows(
     schedule; coarsened schedules repaired to be work-conserving per decode step), one third
     for a local search from the better of the two (at most ``polish_iters`` neighbours). The
     proven lower bound is the best of the solver's (q = 1), the LP relaxation (``lp_bound``),
-    the closed form and the CP-SAT relaxations named by ``relaxation`` (``aggregate``,
-    ``migration``, ``both``, ``none``; ``auto``: the aggregated one, plus the migration one on
-    small episodes, n·G·T ≤ ``MIGRATION_SIZE``), each within ``bound_time_limit_s`` (default
-    ``time_limit_s``); ``bound_method`` names the winner.
+    the closed form and the relaxations named by ``relaxation`` (``aggregate``, ``migration``,
+    ``both``, ``none``; ``auto``: the aggregated one, plus the migration one where its exact DP
+    fits), CP-SAT ones within ``bound_time_limit_s`` (default ``time_limit_s``);
+    ``bound_method`` names the winner.
     Policies' gaps are against the best schedule (``rel_gap``) and the bound (``gap_to_bound``)."""
     from .aggregate_bound import METHODS, aggregate_bound
     from .bounds import clairvoyant_lp_bound, clairvoyant_trivial_bound
     from .bridge import simulate_schedule
     from .incumbent import improve_schedule
+    from .migration import METHOD as MIGRATION_DP
+    from .migration import dp_fits, migration_bound_dp
 
     oracle = get_solver(solver)
     names = list(policies)
@@ -154,6 +156,11 @@ def clairvoyant_gap_rows(
         relaxed = [] if proven else _relaxations(relaxation, inst)
         agg = None
         for which in relaxed:
+            if which == "migration" and dp_fits(inst):
+                exact = migration_bound_dp(inst)
+                if exact is not None:
+                    bounds[MIGRATION_DP] = exact
+                    continue
             agg = aggregate_bound(inst, time_limit_s=bound_time_limit_s or time_limit_s,
                                   threads=threads, seed=seed, hint=start, relaxation=which,
                                   **_solver_options(None, f"{stem}-{which}", log_dir, export_dir))
@@ -191,17 +198,16 @@ def clairvoyant_gap_rows(
     return rows
 
 
-#: ``relaxation="auto"`` adds the migration relaxation when n·G·T is at most this.
-MIGRATION_SIZE = 2_000
-
-
 def _relaxations(relaxation: str, inst: ClairvoyantInstance) -> list[str]:
-    """Which CP-SAT relaxations bound this episode."""
+    """Which relaxations bound this episode. ``migration`` is solved by the exact DP when it
+    fits (``migration.dp_fits``), else by CP-SAT; ``auto`` is the aggregated relaxation plus
+    the migration one only when the DP fits."""
+    from .migration import dp_fits
+
     choices = {"none": [], "aggregate": ["aggregate"], "migration": ["migration"],
                "both": ["aggregate", "migration"]}
     if relaxation == "auto":
-        size = inst.num_requests * inst.num_replicas * (inst.model_horizon * inst.step)
-        return ["aggregate", "migration"] if size <= MIGRATION_SIZE else ["aggregate"]
+        return ["aggregate", "migration"] if dp_fits(inst) else ["aggregate"]
     if relaxation not in choices:
         raise ValueError(f"relaxation={relaxation!r} must be one of auto, {', '.join(choices)}")
     return choices[relaxation]

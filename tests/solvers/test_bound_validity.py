@@ -17,6 +17,7 @@ from balanceroute.solvers.bounds import (
     tick_lp_bound,
     tick_trivial_bound,
 )
+from balanceroute.solvers.migration import migration_bound_dp, partition_envelope
 from tests.solvers.brute import enumerate_clairvoyant
 
 pytest.importorskip("ortools", reason="the solvers extra (OR-Tools) is not installed")
@@ -101,3 +102,30 @@ def test_migration_relaxation_hand_value() -> None:
     assert aggregate_bound(inst, relaxation="migration").bound == 5.0
     assert aggregate_bound(inst).bound == 1.0
     assert enumerate_clairvoyant(inst) == 5.0
+
+
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(clairvoyant_instances())
+def test_migration_dp_is_valid_and_equals_its_cp_sat_model(inst: ClairvoyantInstance) -> None:
+    dp = migration_bound_dp(inst)
+    assert dp is not None
+    assert dp <= enumerate_clairvoyant(inst) * (1 + 1e-9) + 1e-9, inst.to_json()
+    cp = aggregate_bound(inst, time_limit_s=60, relaxation="migration")
+    assert cp.status == "OPTIMAL"
+    assert cp.bound == pytest.approx(max(dp, 0.0), rel=1e-6, abs=1e-9)
+
+
+def test_partition_envelope_known_values() -> None:
+    assert partition_envelope((40, 35, 30, 20), 2, 2) == 65
+    assert partition_envelope((10, 1, 1, 1), 2, 3) == 10
+    assert partition_envelope((9, 8, 7, 6, 5, 4), 3, 2) == 13  # {9,4} {8,5} {7,6}
+    assert partition_envelope((9, 8, 7, 6, 5, 4), 2, 3) == 20  # {9,7,4} {8,6,5} → 20, 19
+    assert partition_envelope((), 4, 3) == 0
+
+
+def test_migration_dp_on_the_hand_instance() -> None:
+    inst = ClairvoyantInstance(num_replicas=2, slots=2, prompt_len=[40, 35, 30, 20],
+                               output_len=[1, 1, 1, 1])
+    assert migration_bound_dp(inst) == 5.0
+    assert migration_bound_dp(inst, max_states=0) is None  # gives up instead of running on
