@@ -170,8 +170,10 @@ def solve_pulp(
         if value is not None and math.isfinite(bound) and _gap_closed(float(value), bound, gap_rel):
             # stopped by the clock, but the incumbent already meets the proven bound
             return OPTIMAL, bound, ""
-        return FEASIBLE, bound, f"time limit {time_limit_s:g} s reached: best incumbent returned"
-    return NO_SOLUTION, bound, f"time limit {time_limit_s:g} s reached without a solution"
+        return FEASIBLE, bound, (f"time limit {time_limit_s:g} s (or a solver limit) reached: "
+                                 "best incumbent returned")
+    return NO_SOLUTION, bound, (f"time limit {time_limit_s:g} s (or a solver limit) reached "
+                                "without a solution")
 
 
 def _solve_highs(prob: Any, *, time_limit_s: float, gap_rel: float, threads: int, seed: int,
@@ -205,6 +207,14 @@ def _solve_highs(prob: Any, *, time_limit_s: float, gap_rel: float, threads: int
             if status in (highspy.HighsModelStatus.kModelError, highspy.HighsModelStatus.kSolveError,
                           highspy.HighsModelStatus.kLoadError):
                 raise RuntimeError(f"HiGHS failed: {model.modelStatusToString(status)}")
+
+        def findSolutionValues(self, lp: Any) -> tuple[int, int]:
+            try:
+                return super().findSolutionValues(lp)  # type: ignore[no-any-return]
+            except KeyError:  # a limit PuLP's table lacks (e.g. a node limit): interrupted
+                has = lp.solverModel.getInfo().primal_solution_status == 2
+                return ((pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible) if has
+                        else (pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound))
 
     reset_highs_threads()
     cmd = _Highs(msg=False, timeLimit=time_limit_s, gapRel=gap_rel, threads=threads,

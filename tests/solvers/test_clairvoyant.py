@@ -17,6 +17,7 @@ from balanceroute.solvers.clairvoyant_eval import (
     evaluate_schedule,
     greedy_schedule,
     is_work_conserving,
+    model_tables,
 )
 from balanceroute.solvers.clairvoyant_milp import build_clairvoyant_milp, mip_start
 from balanceroute.solvers.factories import tiny_clairvoyant_instance
@@ -132,6 +133,19 @@ def test_repair_keeps_a_policy_schedule_and_local_search_never_worsens() -> None
         assert value <= run.metrics["objective"]
         assert value == evaluate_schedule(inst, rep, start)["objective"]
         assert is_work_conserving(inst, rep, start)
+
+
+@pytest.mark.parametrize(("name", "limit"), [("clairvoyant-highs", ("mip_max_nodes", "0")),
+                                             ("clairvoyant-cbc", ("maxNodes", "0"))])
+def test_node_limited_milp_returns_its_mip_start(name: str, limit: tuple[str, str]) -> None:
+    # A deterministic node limit of 0: the incumbent can only be the MIP start (or better).
+    rng = np.random.default_rng(2)
+    inst = tiny_clairvoyant_instance(rng, num_requests=10, num_replicas=3, slots=2,
+                                     max_output=6, max_release=0, max_prompt=500)
+    start = evaluate_schedule(inst, *greedy_schedule(inst, model_tables(inst)))["objective"]
+    sol = get_solver(name).solve(inst, time_limit_s=600, params=dict([limit]))
+    assert sol.status == "feasible" and sol.objective <= start
+    assert "limit" in sol.message
 
 
 def test_mip_start_is_a_feasible_point_of_the_milp() -> None:

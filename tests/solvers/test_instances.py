@@ -76,7 +76,6 @@ def test_shipped_benchmarks_hold_their_proven_optima() -> None:
     pytest.importorskip("ortools", reason="the solvers extra (OR-Tools) is not installed")
     from balanceroute.solvers import get_solver
     from balanceroute.solvers.benchmarks import load_benchmarks
-
     from balanceroute.solvers.clairvoyant_eval import evaluate_schedule
     from balanceroute.solvers.migration import migration_bound_dp
 
