@@ -165,3 +165,19 @@ def test_exported_models_carry_the_objective_constant(tmp_path) -> None:
     solver.parameters.num_workers = 1
     assert solver.solve(model) == cp_model.OPTIMAL
     assert solver.objective_value == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("backend", ["SCIP_PY", "GLPK_CMD", "GUROBI", "CPLEX_PY"])
+def test_other_pulp_solvers_agree_with_brute_force(backend: str) -> None:
+    pulp = pytest.importorskip("pulp", reason="the solvers extra (PuLP) is not installed")
+    if backend not in pulp.listSolvers(onlyAvailable=True):
+        pytest.skip(f"{backend} is not installed here")
+    rng = np.random.default_rng(31)
+    for objective in ("f_score", "imbalance"):
+        for _ in range(5):
+            inst = tiny_tick_instance(rng, objective=objective)
+            ref = get_solver("tick-brute").solve(inst).objective
+            sol = get_solver(f"tick-pulp:{backend}").solve(inst, time_limit_s=30)
+            assert sol.status == "optimal" and sol.objective == pytest.approx(ref, abs=1e-6)
+    clair = ClairvoyantInstance(num_replicas=2, slots=1, prompt_len=[5, 1], output_len=[2, 2])
+    assert get_solver(f"clairvoyant-pulp:{backend}").solve(clair, time_limit_s=30).objective == 8.0
