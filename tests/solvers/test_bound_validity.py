@@ -19,9 +19,10 @@ from balanceroute.solvers.bounds import (
 )
 from balanceroute.solvers.migration import migration_bound_dp, partition_envelope
 from tests.solvers.brute import enumerate_clairvoyant
+from tests.solvers.extras import needs
 
-pytest.importorskip("ortools", reason="the solvers extra (OR-Tools) is not installed")
-pytest.importorskip("cvxpy", reason="the solvers extra (cvxpy) is not installed")
+pytestmark = needs("ortools", "cvxpy")
+
 
 PROPERTY = settings(max_examples=40, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])

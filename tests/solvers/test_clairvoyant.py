@@ -23,9 +23,10 @@ from balanceroute.solvers.clairvoyant_milp import build_clairvoyant_milp, mip_st
 from balanceroute.solvers.factories import tiny_clairvoyant_instance
 from balanceroute.solvers.incumbent import improve_schedule, work_conserving_repair
 from tests.solvers.brute import enumerate_clairvoyant as _enumerate
+from tests.solvers.extras import needs
 
-pytest.importorskip("ortools", reason="the solvers extra (OR-Tools) is not installed")
-pytest.importorskip("pulp", reason="the solvers extra (PuLP) is not installed")
+pytestmark = needs("ortools", "pulp", "highspy", "cvxpy")
+
 
 EXACT = ("clairvoyant-cpsat", "clairvoyant-cbc", "clairvoyant-highs")
 

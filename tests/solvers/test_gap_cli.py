@@ -10,9 +10,10 @@ import pytest
 from balanceroute.cli import main
 from balanceroute.solvers.factories import random_tick_instance
 from balanceroute.solvers.gap import heuristic_gap, summarize, tick_gap_rows
+from tests.solvers.extras import needs
 
-pytest.importorskip("ortools", reason="the solvers extra (OR-Tools) is not installed")
-pytest.importorskip("pulp", reason="the solvers extra (PuLP) is not installed")
+pytestmark = needs("ortools", "pulp", "highspy", "cvxpy")
+
 
 
 def test_heuristic_gap_signs() -> None:

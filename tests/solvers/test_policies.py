@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from balanceroute.core.simulator import SimConfig, simulate
 from balanceroute.core.state import ClusterState, PoolView, validate_assignment
 from balanceroute.core.workloads.base import Workload
 from balanceroute.solvers.policies import ExactTickPolicy, MPCPolicy
+from tests.solvers.extras import needs
 
-pytest.importorskip("ortools", reason="the solvers extra (OR-Tools) is not installed")
+pytestmark = needs("ortools")
+
 
 
 def test_exact_tick_places_the_hand_optimum() -> None:

@@ -7,9 +7,10 @@ import pytest
 
 from balanceroute.solvers import ClairvoyantInstance, TickInstance, get_solver
 from balanceroute.solvers.bounds import tick_lp_bound, tick_trivial_bound
+from tests.solvers.extras import needs
 
-pytest.importorskip("ortools", reason="the solvers extra (OR-Tools) is not installed")
-pytest.importorskip("pulp", reason="the solvers extra (PuLP) is not installed")
+pytestmark = needs("ortools", "pulp")
+
 
 
 def test_d1_highs_optimum_does_not_depend_on_earlier_thread_counts() -> None:
