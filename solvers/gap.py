@@ -168,6 +168,8 @@ def clairvoyant_gap_rows(
         finite = {m: b for m, b in bounds.items() if math.isfinite(b)}
         method = max(finite, key=lambda m: finite[m]) if finite else "none"
         lower = finite.get(method, math.nan)
+        if not lower > 0:
+            method = f"none above 0 (tried: {', '.join(finite) or 'nothing'})"
         if proven:
             lower, method = reference, "solver (proven optimal)"
         base = {
