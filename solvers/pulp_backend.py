@@ -74,8 +74,13 @@ def export_pulp(prob: Any, stem: str, *, scale: float = 1.0, constant: float = 0
         offset = float(prob.objective.constant)
     finally:
         prob.objective = saved
+    mps = Path(paths[0]).read_text().splitlines()
+    if prob.sense == pulp.LpMaximize and "OBJSENSE" not in mps:
+        # PuLP marks the sense only in a comment; OBJSENSE MAX is read by HiGHS, CPLEX,
+        # Gurobi and SCIP.
+        at = next(k for k, t in enumerate(mps) if t.startswith("NAME")) + 1
+        mps[at:at] = ["OBJSENSE", "    MAX"]
     if offset:  # PuLP drops the objective constant from both formats: add it back
-        mps = Path(paths[0]).read_text().splitlines()
         # MPS convention (CPLEX, Gurobi, HiGHS, SCIP): RHS of the objective row = −constant.
         line = f"    RHS       OBJ       {-offset: .12e}"
         if "RHS" in mps:
@@ -83,11 +88,11 @@ def export_pulp(prob: Any, stem: str, *, scale: float = 1.0, constant: float = 0
         else:
             at = next(k for k, t in enumerate(mps) if t in ("BOUNDS", "RANGES", "ENDATA"))
             mps[at:at] = ["RHS", line]
-        Path(paths[0]).write_text("\n".join(mps) + "\n")
         lp = Path(paths[1]).read_text().splitlines()
         at = lp.index("Subject To")
         lp.insert(at, f" {'+' if offset > 0 else '-'} {abs(offset):.12g}")
         Path(paths[1]).write_text("\n".join(lp) + "\n")
+    Path(paths[0]).write_text("\n".join(mps) + "\n")
     return paths
 
 

@@ -151,13 +151,15 @@ def test_exported_models_carry_the_objective_constant(tmp_path) -> None:
     from ortools.sat.python import cp_model
 
     inst = TickInstance.br0([10, 7, 6, 5], [1, 1, 1, 1], [4, 5, 3, 2, 6], objective="imbalance")
+    f_inst = TickInstance.br0([10, 7, 6, 5], [1, 1, 1, 1], [4, 5, 3, 2, 6])  # max F* = 6
     get_solver("tick-highs").solve(inst, time_limit_s=30, export=str(tmp_path / "m"))
-    for path in ("m.mps", "m.lp"):
+    get_solver("tick-cbc").solve(f_inst, time_limit_s=30, export=str(tmp_path / "f"))
+    for path, value in (("m.mps", 3.0), ("m.lp", 3.0), ("f.mps", 6.0), ("f.lp", 6.0)):
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         h.readModel(str(tmp_path / path))
         h.run()
-        assert h.getInfo().objective_function_value == pytest.approx(3.0), path
+        assert h.getInfo().objective_function_value == pytest.approx(value), path
     get_solver("tick-cpsat").solve(inst, time_limit_s=30, export=str(tmp_path / "c"))
     model = cp_model.CpModel()
     model.proto.parse_text_format((tmp_path / "c.cpsat.pb.txt").read_text())
