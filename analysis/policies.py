@@ -44,9 +44,14 @@ def missing_extras() -> dict[str, str]:
     return {name: extra for name, (module, extra) in NEEDS_EXTRA.items() if find_spec(module) is None}
 
 
+#: Non-default rows run by exact models (``solvers/policies.py``, needs the ``solvers`` extra).
+SOLVER_POLICY_NAMES = ("exact-tick", "mpc")
+
+
 def all_policy_names() -> list[str]:
-    """Every name ``compare`` accepts: the registry plus predictor-bound variants."""
-    return accepted_policy_names()
+    """Every name ``compare`` accepts: the registry, predictor-bound variants and the exact
+    policies (``exact-tick``, ``mpc``: small runs only)."""
+    return [*accepted_policy_names(), *SOLVER_POLICY_NAMES]
 
 
 @dataclass(slots=True)
@@ -62,6 +67,15 @@ class PolicyFactory:
     params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __call__(self, name: str) -> Policy:
+        if name in SOLVER_POLICY_NAMES:
+            from balanceroute.solvers.base import modules_available
+
+            if not modules_available("ortools"):
+                raise ValueError(f"policy {name!r} needs the solvers extra: "
+                                 "pip install 'balanceroute[solvers]'")
+            from balanceroute.solvers.policies import SOLVER_POLICIES
+
+            return SOLVER_POLICIES[name](self.test_workload)  # type: ignore[no-any-return]
         return build_policy(name, train=self.train_workload, test=self.test_workload,
                             num_replicas=self.num_replicas, seed=self.seed,
                             **dict(self.params.get(name, {})))
