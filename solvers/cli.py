@@ -12,9 +12,10 @@ import argparse
 import csv
 import dataclasses
 import math
-import sys
 from pathlib import Path
 from typing import Any
+
+from balanceroute.progress import add_quiet_arg
 
 __all__ = ["register"]
 
@@ -81,8 +82,9 @@ def register(subparsers: Any) -> None:
                      help="clairvoyant: most local-search neighbours tried on the best schedule")
     out = p.add_argument_group("output")
     out.add_argument("--csv", default=None, metavar="PATH", help="write one row per instance x policy")
-    out.add_argument("--quiet", action="store_true", help="only the summary, no per-instance lines")
-    out.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+    out.add_argument("--summary-only", action="store_true",
+                     help="only the summary, no per-instance lines")
+    add_quiet_arg(out)
     out.add_argument("--solver-log", default=None, metavar="DIR",
                      help="write each solve's backend log to DIR/<instance>.log")
     out.add_argument("--export", default=None, metavar="DIR",
@@ -207,41 +209,10 @@ def _solver_params(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-class _Progress:
-    """A tqdm bar on a terminal; otherwise one plain line per ``every`` seconds (and at the
-    end), so logs get no bar frames."""
-
-    def __init__(self, total: int, desc: str, disable: bool) -> None:
-        import time
-
-        self.total, self.desc, self.done, self.disable = total, desc, 0, disable
-        self.started = self.last = time.monotonic()
-        self.bar = None
-        if not disable and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc=desc, unit="inst", file=sys.stderr)
-
-    def update(self, every: float = 30.0) -> None:
-        import time
-
-        self.done += 1
-        if self.bar is not None:
-            self.bar.update()
-            return
-        now = time.monotonic()
-        if not self.disable and (now - self.last >= every or self.done == self.total):
-            self.last = now
-            print(f"{self.desc}: {self.done}/{self.total} instances, {now - self.started:.0f} s",
-                  file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def run_gap(args: argparse.Namespace) -> int:
     """Handler of ``balanceroute gap``."""
+    from balanceroute.progress import progress
+
     from . import get_solver, solver_names, solver_problem
     from .gap import clairvoyant_gap_rows, summarize, tick_gap_rows
     from .instances import save_instance
@@ -262,7 +233,8 @@ def run_gap(args: argparse.Namespace) -> int:
             save_instance(inst, Path(args.save) / f"{args.mode}-{k:03d}.json")
     time_limit = args.time_limit or (10.0 if args.mode == "tick" else 60.0)
     lp = args.lp_bound if args.lp_bound is not None else args.mode == "tick"
-    bar = _Progress(len(instances), f"gap {args.mode}", args.no_progress)
+    bar = progress(len(instances), f"gap {args.mode}", "instances", quiet=args.quiet,
+                   interval_s=30.0)
     common = {"policies": policies, "solver": solver, "time_limit_s": time_limit,
               "gap_rel": args.gap_rel, "threads": args.threads, "seed": args.seed,
               "lp_bound": lp, "progress": bar.update, "params": params,
@@ -277,7 +249,7 @@ def run_gap(args: argparse.Namespace) -> int:
     finally:
         bar.close()
 
-    if not args.quiet:
+    if not args.summary_only:
         _print_instances(rows, policies, "optimum" if args.mode == "tick" else "best")
     if args.mode == "clairvoyant":
         _print_bounds(rows)
