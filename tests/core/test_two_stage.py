@@ -104,11 +104,14 @@ def test_tick_matches_literal_reference_horizon(instance, data):
     assert list(zip(got.pool_index.tolist(), got.replica.tolist())) == want
 
 
-def test_stage1_paper_rule_fills_the_emptiest_replica():
+def test_stage1_paper_rule_gives_the_freest_replica_its_best_scoring_request():
     # G = 2, both empty with 4 free slots, S_greedy = 0 → Stage 1 throughout (while Σ free > 0).
-    # The paper's rule: the replica with most free slots (ties: lower load) takes the best F({i}).
-    # 100 → g0 (tie, margins 0: F = s − 2s, best = 100); g1 (4 free) margin 100: F(300) = −100,
-    # F(200) = 0 → 200; g0 and g1 both 3 free → lower load g0, margin 100: 300 → g0.
+    # The paper's rule (stage1="paper"):
+    # 1) tie on free slots, lower load → replica 0; margins 0, so F(s) = s − 2s = −s: the
+    #    smallest prompt scores best → 100 to g0 (envelope M = 100).
+    # 2) g1 has more free slots (4 > 3); margin 100: F(200) = 200 − 2·100 = 0 beats
+    #    F(300) = 300 − 2·200 = −100 → 200 to g1 (M = 200).
+    # 3) tie at 3 free, lower load → g0, margin 100: only 300 is left → g0.
     got = two_stage_assign(
         np.zeros((2, 1)), np.array([4, 4]), np.array([100, 300, 200]), np.zeros(3),
         d=np.ones(1), alpha=1.0, beta=2.0, s_greedy=0, r_max=4, deadline_s=30.0, stage1="paper",
