@@ -158,8 +158,13 @@ def test_tick_kernel_equals_numpy_path_and_reference(instance, data):
     dep = np.array(data.draw(st.lists(st.integers(1, width), min_size=len(pool), max_size=len(pool))),
                    dtype=np.int64)
     growth = projection.placement_growth(prompt, dep, horizon) if horizon else None
+    # every tick option: the score, Stage 1's rule and growth window, the urgency term
+    options = data.draw(st.fixed_dictionaries({
+        "score": st.sampled_from(["exact", "paper"]), "stage1": st.sampled_from(["fit", "paper"]),
+        "growth_steps": st.sampled_from([0.0, 64.0]), "ttft_slo_s": st.sampled_from([None, 2.0]),
+    }))
     kwargs = dict(d=0.5 ** np.arange(width), alpha=1.0, beta=float(2 * len(loads)),
-                  s_greedy=s_greedy, r_max=r_max, deadline_s=30.0)
+                  s_greedy=s_greedy, r_max=r_max, deadline_s=30.0, **options)
     got = two_stage.two_stage_assign(proj, np.array(free), prompt, wait, growth=growth, **kwargs)
     alt = two_stage._two_stage_numpy(proj, np.array(free), prompt, wait, growth=growth, **kwargs)
     want = reference_tick(proj.tolist(), free, prompt.tolist(), wait.tolist(),
