@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,25 +39,9 @@ from typing import Any
 import httpx
 import numpy as np
 
+from benchmarks.servers import free_port, wait_http
+
 CLI = [sys.executable, "-m", "balanceroute.cli"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{url}: the server exited with {proc.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
 
 
 @contextlib.contextmanager
@@ -68,7 +51,7 @@ def _router_process(cmd: list[str], url: str) -> Iterator[subprocess.Popen]:
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     try:
         try:
-            _wait_http(url + "/health", timeout=60.0, proc=proc)
+            wait_http(url + "/health", timeout=60.0, proc=proc)
         except RuntimeError:
             log.seek(0)
             sys.stderr.write(log.read()[-4000:].decode(errors="replace"))
@@ -110,7 +93,7 @@ def proxy_process(mapping: dict[str, Any], extra: list[str]) -> Iterator[tuple[s
         path = os.path.join(tmp, "proxy.json")
         with open(path, "w") as fh:
             json.dump(mapping, fh)
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         cmd = [*CLI, "serve", "--config", path, "--host", "127.0.0.1", "--port", str(port),
                "--log-level", "warning", *extra]
@@ -135,11 +118,11 @@ def default_vllm_router() -> str:
 def vllm_router(exe: str, worker_urls: list[str]) -> Iterator[tuple[str, subprocess.Popen]]:
     """vllm-router (round robin over ``worker_urls``) on free 127.0.0.1 ports, its Prometheus
     exporter on 127.0.0.1 too; yields its URL and process."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [exe, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *worker_urls,
            "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
-           "--prometheus-port", str(_free_port()), "--log-level", "warning"]
+           "--prometheus-port", str(free_port()), "--log-level", "warning"]
     with _router_process(cmd, url) as proc:
         yield url, proc
 
@@ -282,32 +265,44 @@ def _routers(mapping: dict[str, Any], exe: str | None) -> list[tuple[str, Any]]:
 
 def bench_peer(quick: bool, exe: str | None) -> dict[str, Any]:
     """balanceroute serve and vllm-router, one after the other, in front of the same emulated
-    decode cluster (G = 4, 20 ms steps, chunks stamped): added latency at 16 streams, then the
-    router pinned to one CPU and its CPU time over 64 streams (one token per chunk: no router
-    falls behind at this rate, so the emulator never merges tokens)."""
+    decode cluster (G = 4, 20 ms steps, chunks stamped), in rounds (direct, ours, peer; 3 rounds,
+    1 with ``quick``): added latency at 16 streams against the same round's direct read, then
+    the router pinned to one CPU and its CPU time over 64 streams (one token per chunk: no router
+    falls behind at this rate, so the emulator never merges tokens). Latencies: the median over
+    rounds; CPU: totals over rounds."""
     seconds = 4.0 if quick else 10.0
+    rounds = 1 if quick else 3
     cpu = max(os.sched_getaffinity(0))
-    out: dict[str, Any] = {"routers": {}, "pinned_cpu": cpu, "seconds": seconds, "latency_streams": 16,
-                           "cpu_streams": 64}
+    runs: dict[str, list[dict[str, float]]] = {}
+    direct_runs: list[dict[str, float]] = []
     args = ["--replicas", "4", "--slots", "64", "--prefill", "0", "--kv-dialect", "none",
             "--step-model", "b=0.02,a=0", "--stamp-chunks"]
     with emulator(args) as mapping:
-        direct, _ = asyncio.run(_measure([d["url"] for d in mapping["decode"]], 16, 200, seconds))
-        d50, d99 = np.percentile(direct, [50, 99]) * 1e3
-        out["direct"] = {"p50_ms": d50, "p99_ms": d99, "tokens": int(direct.size)}
-        for name, start in _routers(mapping, exe):
-            with start() as (url, proc):
-                lat, _ = asyncio.run(_measure([url], 16, 200, seconds))
-                pin(proc.pid, cpu)
-                before = cpu_seconds(proc.pid)
-                chunks, tokens, elapsed = asyncio.run(_closed_loop(url, 64, 200, seconds))
-                used = cpu_seconds(proc.pid) - before
-            p50, p99 = np.percentile(lat, [50, 99]) * 1e3
-            out["routers"][name] = {
-                "p50_ms": p50, "p99_ms": p99, "added_p50_ms": p50 - d50, "added_p99_ms": p99 - d99,
-                "latency_tokens": int(lat.size), "cpu_s": used, "tokens": tokens, "chunks": chunks,
-                "tokens_per_chunk": tokens / chunks, "cpu_us_per_token": 1e6 * used / tokens,
-                "chunks_per_cpu_s": chunks / used, "chunks_s": chunks / elapsed, "core_share": used / elapsed}
+        for _ in range(rounds):
+            direct, _ = asyncio.run(_measure([d["url"] for d in mapping["decode"]], 16, 200, seconds))
+            d50, d99 = (float(x) for x in np.percentile(direct, [50, 99]) * 1e3)
+            direct_runs.append({"p50_ms": d50, "p99_ms": d99, "tokens": int(direct.size)})
+            for name, start in _routers(mapping, exe):
+                with start() as (url, proc):
+                    lat, _ = asyncio.run(_measure([url], 16, 200, seconds))
+                    pin(proc.pid, cpu)
+                    before = cpu_seconds(proc.pid)
+                    chunks, tokens, elapsed = asyncio.run(_closed_loop(url, 64, 200, seconds))
+                    used = cpu_seconds(proc.pid) - before
+                p50, p99 = (float(x) for x in np.percentile(lat, [50, 99]) * 1e3)
+                runs.setdefault(name, []).append({
+                    "p50_ms": p50, "p99_ms": p99, "added_p50_ms": p50 - d50, "added_p99_ms": p99 - d99,
+                    "cpu_s": used, "tokens": tokens, "chunks": chunks, "elapsed_s": elapsed})
+    out: dict[str, Any] = {"pinned_cpu": cpu, "seconds": seconds, "rounds": rounds, "latency_streams": 16,
+                           "cpu_streams": 64, "runs": runs, "direct_runs": direct_runs,
+                           "direct": {k: float(np.median([r[k] for r in direct_runs])) for k in ("p50_ms", "p99_ms")},
+                           "routers": {}}
+    for name, rs in runs.items():
+        used, tokens, chunks, elapsed = (sum(r[k] for r in rs) for k in ("cpu_s", "tokens", "chunks", "elapsed_s"))
+        out["routers"][name] = {
+            **{k: float(np.median([r[k] for r in rs])) for k in ("p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms")},
+            "tokens_per_chunk": tokens / chunks, "cpu_us_per_token": 1e6 * used / tokens,
+            "chunks_per_cpu_s": chunks / used, "chunks_s": chunks / elapsed, "core_share": used / elapsed}
     ours, peer = out["routers"]["balanceroute"], out["routers"].get("vllm-router")
     out["targets"] = {"chunks_per_cpu_s >= 50000": ours["chunks_per_cpu_s"] >= 50_000}
     if peer is not None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -43,12 +42,14 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.servers import free_port, wait_http
+
 VLLM_PYTHON = os.environ.get("BALANCEROUTE_VLLM_PYTHON", "")
 MODEL = "tiny-llama"
 PROMPT_IDS = [17, 42, 101, 7, 250, 3]
 MESSAGES = [{"role": "user", "content": "hello world, route this request"}]
 START_TIMEOUT_S = 900.0
-LONG_STREAM = 1500  # tokens a disconnected request would still have to generate
+LONG_STREAM = 8000  # tokens a disconnected request would still have to generate (≈ 30 s or more)
 
 pytestmark = [
     pytest.mark.skipif(
@@ -61,24 +62,6 @@ pytestmark = [
 
 
 # ------------------------------------------------------------------------ processes
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: process exited with {proc.returncode}:\n{_tail(log)}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=5.0).status_code == 200:
-                return
-        time.sleep(1.0)
-    raise RuntimeError(f"{url} not up after {timeout:.0f} s:\n{_tail(log)}")
-
-
 def _tail(log: Path, lines: int = 40) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
@@ -126,29 +109,31 @@ def vllm_servers(model: Path, logs: Path, specs: list[tuple[list[str], str]]) ->
     with contextlib.ExitStack() as stack:
         started = []
         for k, (extra, cpus) in enumerate(specs):
-            port = _free_port()
+            port = free_port()
             log = logs / f"vllm-{k}.log"
             cmd = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                    "--served-model-name", MODEL, "--load-format", "dummy", "--seed", "0",
-                   "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048",
-                   "--max-num-seqs", "8", "--enforce-eager", "--disable-uvicorn-access-log", *extra]
+                   "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "8192",
+                   "--max-num-seqs", "8", "--dtype", "float32", "--enforce-eager",
+                   "--disable-uvicorn-access-log", *extra]
             started.append((f"http://127.0.0.1:{port}", stack.enter_context(_process(cmd, log, _vllm_env(cpus))),
                             log))
         for url, proc, log in started:
-            _wait_http(url + "/v1/models", proc, log, START_TIMEOUT_S)
+            wait_http(url + "/v1/models", timeout=START_TIMEOUT_S, proc=proc, interval=1.0,
+                      context=lambda log=log: _tail(log))
         yield [url for url, _, _ in started]
 
 
 @contextlib.contextmanager
 def balanceroute_serve(args: list[str], log: Path) -> Iterator[str]:
     """``balanceroute serve --kv-dialect none`` on a free port; yields its URL."""
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     cmd = [sys.executable, "-m", "balanceroute.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--kv-dialect", "none", "--slots", "8", "--health-interval", "1", "--log-level", "warning", *args]
     with _process(cmd, log, env) as proc:
         url = f"http://127.0.0.1:{port}"
-        _wait_http(url + "/health", proc, log, 120.0)
+        wait_http(url + "/health", timeout=120.0, proc=proc, interval=0.2, context=lambda: _tail(log))
         yield url
 
 
@@ -198,6 +183,10 @@ class Cluster:
 
     def upstream(self, name: str, **labels: str) -> float:
         return sum(metric(scrape(u), name, **labels) for u in self.upstreams)
+
+    def upstream_idle(self) -> bool:
+        return (self.upstream("vllm:num_requests_running") == 0
+                and self.upstream("vllm:num_requests_waiting") == 0)
 
     def relayed(self) -> float:
         return metric(scrape(self.proxy), "balanceroute_relayed_tokens_total")
@@ -307,6 +296,7 @@ def _check_stream(chunks: list[Any], api: str, usage: str | None, n: int, prompt
 
 def run_case(cluster: Cluster, api: str, stream: bool, usage: str | None, n: int) -> None:
     """One request through the proxy with the full token accounting check."""
+    wait_until(cluster.upstream_idle, "vLLM to be idle before the request")
     generated, relayed = cluster.generated(), cluster.relayed()
     prompt = cluster.chat_prompt_tokens if api == "chat" else len(PROMPT_IDS)
     result = _request(cluster, api, stream, usage, n)
@@ -326,6 +316,7 @@ def run_case(cluster: Cluster, api: str, stream: bool, usage: str | None, n: int
 
 def abort_case(cluster: Cluster, api: str) -> None:
     """Read a few chunks of a long stream, hang up: vLLM must abort, the proxy must free."""
+    wait_until(cluster.upstream_idle, "vLLM to be idle before the request")
     finished = cluster.upstream("vllm:request_success_total", finished_reason="length")
     generated = cluster.generated()
     body: dict[str, Any] = {"model": MODEL, "max_tokens": LONG_STREAM, "ignore_eos": True, "stream": True}
@@ -339,8 +330,7 @@ def abort_case(cluster: Cluster, api: str) -> None:
             if events == 5:
                 break
     assert events == 5
-    wait_until(lambda: cluster.upstream("vllm:num_requests_running") == 0
-               and cluster.upstream("vllm:num_requests_waiting") == 0, "vLLM to drop the request")
+    wait_until(cluster.upstream_idle, "vLLM to drop the request")
     wait_until(cluster.proxy_idle, "the proxy's ledger to drain")
     assert cluster.upstream("vllm:request_success_total", finished_reason="length") == finished
     assert cluster.generated() - generated < LONG_STREAM
@@ -399,21 +389,28 @@ class TestDataParallel:
             assert {e: after[e] - before.get(e, 0.0) for e in after} == {str(rank): 7, str(1 - rank): 0}
 
     def test_proxy_rank_is_the_running_engine(self, dp_server: Cluster) -> None:
+        """Two long streams through the proxy: after each one's first chunk, the replicas the
+        proxy's ledger charges are exactly the vLLM engines running requests."""
+        wait_until(dp_server.upstream_idle, "vLLM to be idle")
         body = {"model": MODEL, "prompt": PROMPT_IDS, "max_tokens": LONG_STREAM, "ignore_eos": True,
                 "stream": True}
+        views = []
         readers = []  # keep each line iterator alive: dropping one closes its stream
         with contextlib.ExitStack() as stack:
             http = stack.enter_context(httpx.Client(timeout=120))
             for _ in range(2):
                 resp = stack.enter_context(http.stream("POST", dp_server.proxy + "/v1/completions", json=body))
+                assert resp.status_code == 200
                 readers.append(resp.iter_lines())
                 while not next(readers[-1]).startswith("data: {"):
                     pass
-            proxy_view = per_label(scrape(dp_server.proxy), "balanceroute_replica_running", "replica")
-            engines = per_label(scrape(dp_server.upstreams[0]), "vllm:num_requests_running", "engine")
-            assert proxy_view == {"0": 1, "1": 1}
-            assert engines == proxy_view
-        wait_until(lambda: dp_server.upstream("vllm:num_requests_running") == 0, "vLLM to drop the requests")
+                proxy_view = per_label(scrape(dp_server.proxy), "balanceroute_replica_running", "replica")
+                engines = per_label(scrape(dp_server.upstreams[0]), "vllm:num_requests_running", "engine")
+                assert engines == proxy_view
+                views.append(proxy_view)
+        # least_load put the second stream on the other rank (the first is far from done).
+        assert views == [views[0], {"0": 1, "1": 1}] and sum(views[0].values()) == 1
+        wait_until(dp_server.upstream_idle, "vLLM to drop the requests")
         wait_until(dp_server.proxy_idle, "the proxy's ledger to drain")
 
     @pytest.mark.parametrize("case", CASES, ids=_case_id)

@@ -6,9 +6,11 @@ writes ``OUT_DIR/{config.json, generation_config.json, tokenizer.json, tokenizer
 special_tokens_map.json}``:
 
 * a hand-written ``LlamaForCausalLM`` config — 2 layers, hidden 128, 2 heads of ``head_dim`` 64
-  (head_dim 16 crashes vLLM's CPU attention backend on the first request), context 2048, the
-  vocabulary of the tokenizer (≤ 512). There are no weights: the server runs with ``--load-format dummy`` (random weights, so
-  the text is noise; the token *counts* are what the tests check);
+  (head_dim 16 crashes vLLM's CPU attention backend on the first request), context 8192, the
+  vocabulary of the tokenizer (≤ 512), float32 (in bfloat16 on a CPU with AMX, vLLM picks its AMX
+  attention kernels and a DP engine's worker died of SIGILL on its first request). There are no
+  weights: the server runs with ``--load-format dummy`` (random weights, so the text is noise;
+  the token *counts* are what the tests check);
 * a byte-level BPE tokenizer trained here with ``tokenizers`` on a small generated corpus
   (deterministic: same corpus, same merges), with ``<s>``/``</s>`` and a one-line chat template so
   ``/v1/chat/completions`` works.
@@ -24,7 +26,7 @@ import sys
 from pathlib import Path
 
 VOCAB_SIZE = 512
-MAX_POSITIONS = 2048
+MAX_POSITIONS = 8192
 BOS, EOS = "<s>", "</s>"
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -45,7 +47,7 @@ LLAMA_CONFIG = {
     "bos_token_id": 0,
     "eos_token_id": 1,
     "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
+    "torch_dtype": "float32",
 }
 
 
