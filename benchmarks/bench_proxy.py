@@ -39,7 +39,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.servers import free_port, wait_http
+if not __package__:  # run as a script: the repository root holds the ``benchmarks`` package
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.servers import free_port, wait_http  # noqa: E402
 
 CLI = [sys.executable, "-m", "balanceroute.cli"]
 
@@ -256,8 +258,11 @@ async def _closed_loop(url: str, streams: int, n: int, seconds: float) -> tuple[
 
 
 def _routers(mapping: dict[str, Any], exe: str | None) -> list[tuple[str, Any]]:
-    """(name, context manager yielding (url, process)) of ours and, when installed, the peer."""
-    out: list[tuple[str, Any]] = [("balanceroute", lambda: proxy_process({**mapping, "slots": 64, "policy": "br0"}, []))]
+    """(name, context manager yielding (url, process)) of ours and, when installed, the peer.
+    Ours without health probes: on a saturated machine one late probe ejects a replica (issue
+    12), and vllm-router probes once a minute; the relay is what is measured."""
+    ours = {**mapping, "slots": 64, "policy": "br0", "health_interval_s": 0}
+    out: list[tuple[str, Any]] = [("balanceroute", lambda: proxy_process(ours, []))]
     if exe:
         out.append(("vllm-router", lambda: vllm_router(exe, [d["url"] for d in mapping["decode"]])))
     return out
