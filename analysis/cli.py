@@ -1,4 +1,5 @@
-"""Subcommands for experiments: ``simulate`` and ``compare`` (and, as they land, more)."""
+"""Subcommands for experiments: ``simulate``, ``compare``, ``workloads``, ``bench``,
+``predictors``, ``tune`` and ``reproduce`` (their shared arguments: :mod:`.args`)."""
 
 from __future__ import annotations
 
@@ -7,68 +8,19 @@ import csv
 import json
 import math
 import sys
-from typing import Any
 
-__all__ = ["add_cluster_args", "add_workload_args", "config_from_args", "register", "workload_from_args"]
+from .args import (
+    add_cluster_args,
+    add_workload_args,
+    check_fill,
+    config_from_args,
+    workload_from_args,
+)
 
-DEFAULT_REQUESTS = 20_000
-
-
-def add_workload_args(parser: argparse.ArgumentParser) -> None:
-    """``--workload``, ``--requests``, ``--seed`` and the workload filters."""
-    g = parser.add_argument_group("workload")
-    g.add_argument("--workload", default="servegen-r1",
-                   help="a bundled name (see `balanceroute workloads`) or a trace file path "
-                        "(default: %(default)s)")
-    g.add_argument("--requests", type=int, default=DEFAULT_REQUESTS,
-                   help="use the first N requests (generators draw N) (default: %(default)s)")
-    g.add_argument("--seed", type=int, default=0, help="seed for generators and random policies")
-    g.add_argument("--min-output", type=int, default=None, help="keep requests with output >= this")
-    g.add_argument("--max-output", type=int, default=None, help="keep requests with output <= this")
+__all__ = ["register"]
 
 
-def add_cluster_args(parser: argparse.ArgumentParser) -> None:
-    """The simulated cluster: replicas, slots, pool, step model, arrival mode."""
-    g = parser.add_argument_group("cluster")
-    g.add_argument("--replicas", "-G", type=int, default=8, help="DP decode replicas G (default: 8)")
-    g.add_argument("--slots", "-B", type=int, default=64, help="slots per replica B (default: 64)")
-    g.add_argument("--mode", choices=("saturated", "open_loop"), default="saturated",
-                   help="saturated: pool kept full in trace order; open_loop: trace timestamps")
-    g.add_argument("--pool-size", type=int, default=None,
-                   help="saturated pool target (default: 2*G)")
-    g.add_argument("--rate-scale", type=float, default=1.0,
-                   help="open loop: multiply the arrival rate by this")
-    g.add_argument("--prefill-delay", type=float, default=0.0,
-                   help="open loop: seconds from arrival to prefill completion")
-    g.add_argument("--step-model", default="",
-                   help="step time tau = b + max_g(a*L_g + c*n_g), e.g. 'b=0.03,a=2e-7,c=0' "
-                        "(default: b=0.03 s, a=2e-7 s/token, c=0)")
-
-
-def workload_from_args(args: argparse.Namespace):
-    """Load the workload the arguments name."""
-    from balanceroute.core.workloads import load_workload
-
-    if args.requests is not None and args.requests < 1:
-        raise ValueError(f"--requests must be >= 1, got {args.requests}")
-    return load_workload(
-        args.workload, requests=args.requests, seed=args.seed,
-        min_output=args.min_output, max_output=args.max_output,
-    )
-
-
-def config_from_args(args: argparse.Namespace, **overrides: Any):
-    """The :class:`SimConfig` the arguments describe."""
-    from balanceroute.core.simulator import SimConfig, StepModel
-
-    return SimConfig(
-        num_replicas=args.replicas, slots=args.slots, mode=args.mode, pool_size=args.pool_size,
-        rate_scale=args.rate_scale, prefill_delay_s=args.prefill_delay,
-        step_model=StepModel.parse(args.step_model), **overrides,
-    )
-
-
-def _policy_names(text: str | None) -> list[str]:
+def _policy_names(text: str | None, option: str, *, quiet: bool = False) -> list[str]:
     from balanceroute.analysis.policies import (
         all_policy_names,
         default_policy_names,
@@ -76,15 +28,27 @@ def _policy_names(text: str | None) -> list[str]:
     )
 
     valid = all_policy_names()
-    if not text:
-        for name, extra in missing_extras().items():
+    if text is None:
+        for name, extra in ({} if quiet else missing_extras()).items():
             print(f"note: {name} left out: install balanceroute[{extra}] for it", file=sys.stderr)
         return default_policy_names()
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = [n.strip() for n in text.split(",")]
+    if not any(names):
+        raise ValueError(f"{option} {text!r} names no policy; valid: {', '.join(valid)}")
+    if "" in names:
+        raise ValueError(f"{option} {text!r} has an empty name between commas")
     unknown = [n for n in names if n not in valid]
     if unknown:
         raise ValueError(f"unknown policy {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"{option} names {', '.join(map(repr, repeated))} more than once")
     return names
+
+
+def _check_output_args(args: argparse.Namespace) -> None:
+    if args.json and args.csv == "-":
+        raise ValueError("--json and --csv - both write to stdout; choose one (or --csv PATH)")
 
 
 def _emit(records: list[dict], args: argparse.Namespace) -> None:
@@ -125,24 +89,32 @@ def _write_series(path: str, series: dict) -> None:
     np.savetxt(path, table, delimiter=",", header=",".join(["step", *names]), comments="", fmt="%.10g")
 
 
-def _run_compare(args: argparse.Namespace, names: list[str]) -> int:
-    from tqdm import tqdm
-
+def _run_compare(args: argparse.Namespace, names: list[str], *, reference: bool) -> int:
     from balanceroute.analysis.compare import compare_policies
     from balanceroute.analysis.policies import make_factory
+    from balanceroute.core.policies import BASELINES
+    from balanceroute.params import read_params
+    from balanceroute.progress import progress
 
+    _check_output_args(args)
+    params = read_params(args.params)
+    stray = sorted(set(params) - set(names))
+    if stray:
+        raise ValueError(f"--params {params.sources[stray[0]]} is for {stray[0]!r}, which is not "
+                         f"among the simulated policies ({', '.join(names)})")
     workload = workload_from_args(args)
     series_path = getattr(args, "series", None)
     config = config_from_args(args, record_series=bool(series_path))
     factory = make_factory(workload, num_replicas=config.num_replicas, seed=args.seed,
-                           train_fraction=args.train_fraction, names=names)
+                           train_fraction=args.train_fraction, params=params)
     test = factory.test_workload
-    total = len(test) * len(names)
-    with tqdm(total=total, desc="simulating", unit="req", file=sys.stderr,
-              disable=args.quiet or None) as bar:
+    check_fill(test, config)
+    extra = [b for b in BASELINES if b not in names] if reference else []
+    with progress(len(test) * (len(names) + len(extra)), "simulating", "req",
+                  quiet=args.quiet) as bar:
         done = [0]
 
-        def progress(n_finished: int) -> None:
+        def on_progress(n_finished: int) -> None:
             bar.update(n_finished - done[0])
             done[0] = n_finished
 
@@ -151,15 +123,16 @@ def _run_compare(args: argparse.Namespace, names: list[str]) -> int:
             bar.set_postfix_str(name)
 
         records = compare_policies(test, names, config, seed=args.seed, factory=factory,
-                                   on_policy=on_policy, progress=progress,
+                                   on_policy=on_policy, progress=on_progress, reference=extra,
                                    on_result=(lambda r: _write_series(series_path, r.series))
                                    if series_path else None)
     if not args.json and args.csv != "-":
-        print(f"workload {test.name}: {len(test):,} requests"
-              + (f" (predictors fitted on the preceding {len(factory.train_workload):,})"
+        print(f"workload {test.name}: {len(test):,} requests simulated"
+              + (f" (the preceding {len(factory.train_workload):,} fit the predictors)"
                  if factory.train_workload is not None else "")
               + f"; G={config.num_replicas}, B={config.slots}, {config.mode}, "
-              f"pool {config.pool_target}, seed {args.seed}")
+              f"pool {config.pool_target}, seed {args.seed}"
+              + ("; gain vs the best of all five baselines on the same requests" if reference else ""))
     _emit(records, args)
     if len(names) == 1 and not args.json and args.csv != "-":
         print()
@@ -168,11 +141,15 @@ def _run_compare(args: argparse.Namespace, names: list[str]) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    return _run_compare(args, _policy_names(args.policy))
+    names = _policy_names(args.policy, "--policy")
+    if len(names) != 1:
+        raise ValueError(f"--policy takes one policy; use `balanceroute compare --policies "
+                         f"{args.policy}` for several")
+    return _run_compare(args, names, reference=False)
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    return _run_compare(args, _policy_names(args.policies))
+    return _run_compare(args, _policy_names(args.policies, "--policies", quiet=args.quiet), reference=True)
 
 
 def _cmd_workloads(args: argparse.Namespace) -> int:
@@ -188,9 +165,15 @@ def _add_output_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--json", action="store_true", help="print one JSON record per policy")
     g.add_argument("--csv", metavar="PATH", help="write one CSV row per policy ('-' for stdout)")
     g.add_argument("--train-fraction", type=float, default=0.5,
-                   help="for predictor-based policies (brh-*): the leading share of the trace "
-                        "used to fit predictors; the rest is simulated (default: 0.5)")
-    g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+                   help="the leading share of the trace that fits predictors (brh-*); every "
+                        "policy is simulated on the rest, whichever are compared; 0 = simulate "
+                        "it all (no brh-* rows) (default: 0.5)")
+    g.add_argument("--params", action="append", default=[], metavar="FILE",
+                   help="policy parameters from a file `balanceroute tune --write-params` wrote "
+                        "(repeatable, one policy per file)")
+    from balanceroute.progress import add_quiet_arg
+
+    add_quiet_arg(g)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

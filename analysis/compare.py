@@ -36,20 +36,27 @@ def compare_policies(
     on_policy: Callable[[str], None] | None = None,
     progress: Callable[[int], None] | None = None,
     on_result: Callable[[SimResult], None] | None = None,
+    reference: Sequence[str] = (),
 ) -> list[dict]:
     """Simulate every policy in ``names`` on the same workload, cluster and seed.
 
     ``factory(name)`` builds a policy (default: ``get_policy(name, seed=seed)``). Returns one
     record per policy: its name, the workload and cluster settings and every metric of
     :class:`~balanceroute.core.simulator.SimResult`, plus ``gain_vs_best_baseline_pct``.
+    ``reference`` names baselines simulated only for the gain (no row of their own), so that
+    a row's gain does not depend on which other rows are compared.
     """
     build = factory or (lambda name: get_policy(name, seed=seed))
     policies = [(name, build(name)) for name in names]  # fail on a bad name before running
-    records = []
-    for name, policy in policies:
+    records, extra = [], {}
+    for name in [*names, *reference]:
         if on_policy is not None:
             on_policy(name)
+        policy = dict(policies)[name] if name in names else build(name)
         result = simulate(workload, policy, config, progress=progress)
+        if name not in names:
+            extra[name] = result.metrics[GAIN_KEY]
+            continue
         if on_result is not None:
             on_result(result)
         records.append(
@@ -65,20 +72,26 @@ def compare_policies(
                 **result.metrics,
             }
         )
-    return add_gains(records)
+    return add_gains(records, reference=extra)
 
 
-def add_gains(records: list[dict], baselines: Iterable[str] = BASELINES) -> list[dict]:
+GAIN_KEY = "throughput_loaded_tok_s"
+
+
+def add_gains(records: list[dict], baselines: Iterable[str] = BASELINES,
+              reference: dict[str, float] | None = None) -> list[dict]:
     """Set ``gain_vs_best_baseline_pct`` = loaded-phase throughput gain over the baseline with the
-    highest loaded-phase throughput among the compared ones (NaN when no baseline was compared).
+    highest loaded-phase throughput among the compared ones and the ``reference`` throughputs
+    (baseline name → loaded throughput; NaN when there is no baseline at all).
 
     The loaded phase is what a saturated deployment runs in; the whole-run figure also counts
     the drain after the last assignment, which is set by the longest request left (SimResult)."""
-    key = "throughput_loaded_tok_s"
-    base = [r[key] for r in records if r["policy"] in set(baselines)]
+    wanted = set(baselines)
+    base = [r[GAIN_KEY] for r in records if r["policy"] in wanted]
+    base += [v for k, v in (reference or {}).items() if k in wanted]
     best = max(base) if base else math.nan
     for r in records:
-        r["gain_vs_best_baseline_pct"] = 100.0 * (r[key] / best - 1.0)
+        r["gain_vs_best_baseline_pct"] = 100.0 * (r[GAIN_KEY] / best - 1.0)
     return records
 
 

@@ -353,14 +353,14 @@ def _split(cell: Cell, *, always: bool):
           "train_fraction": cell.train_fraction if cell.train_fraction > 0 else 0.5}
     needs = cell.policy.startswith("brh")
     if cell.train_fraction <= 0 or not (always or needs):
-        factory = make_factory(workload, names=[cell.policy], **kw)
+        factory = make_factory(workload, **{**kw, "train_fraction": kw["train_fraction"] if needs else 0.0})
         return factory.test_workload, factory
     cut = int(len(workload) * cell.train_fraction)
     train = workload.take(np.arange(cut))
     test = workload.take(np.arange(cut, len(workload)))
     if not needs:
-        return test, make_factory(test, names=[cell.policy], **kw)
-    factory = make_factory(workload, names=[cell.policy], **kw)
+        return test, make_factory(test, **{**kw, "train_fraction": 0.0})
+    factory = make_factory(workload, **kw)
     theirs = factory.test_workload
     if (factory.train_workload is not None and len(theirs) == len(test)
             and np.array_equal(theirs.prompt_len, test.prompt_len)

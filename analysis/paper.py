@@ -2,8 +2,7 @@
 
 Source: BalanceRoute, "Tackling the Data-Parallel Load Balancing Bottleneck in LLM Serving:
 Practical Online Routing at Scale" (NeurIPS 2026, arXiv 2605.06113), main results table
-("Table 1"), the scaling / overhead table ("Table 2") — as transcribed in the project's seed
-summary (``seeds/000``). Measured on 144 Huawei Atlas 910C NPUs serving DeepSeek-V3 671B
+("Table 1"), the scaling / overhead table ("Table 2"). Measured on 144 Huawei Atlas 910C NPUs serving DeepSeek-V3 671B
 (W8A8); G = 8 is 4P1D with one decode node at DP = 8, TP = 4.
 
 Gains: the paper's gain column is relative to JSQ (its "strongest baseline") for the BR rows
@@ -23,8 +22,9 @@ __all__ = [
 ]
 
 SOURCE = (
-    "BalanceRoute (NeurIPS 2026, arXiv 2605.06113): Table 1 and the scaling/overhead table, "
-    "as transcribed in the project's seed summary (seeds/000)"
+    "BalanceRoute, \"Tackling the Data-Parallel Load Balancing Bottleneck in LLM Serving: "
+    "Practical Online Routing at Scale\" (NeurIPS 2026, arXiv 2605.06113), Table 1 (main "
+    "results, G = 8) and Table 2 (scaling and tick overhead)"
 )
 
 #: The paper's row labels → our policy names.

@@ -44,7 +44,7 @@ _COLUMNS = (
 
 def add_predictors_args(parser: argparse.ArgumentParser) -> None:
     """Flags of ``balanceroute predictors``."""
-    from balanceroute.analysis.cli import add_workload_args
+    from balanceroute.analysis.args import add_workload_args
 
     add_workload_args(parser)
     g = parser.add_argument_group("predictors")
@@ -141,7 +141,7 @@ def format_calibration(records: Sequence[dict]) -> str:
 
 def run_predictors(args: argparse.Namespace) -> int:
     """Handler of ``balanceroute predictors``."""
-    from balanceroute.analysis.cli import workload_from_args
+    from balanceroute.analysis.args import workload_from_args
     from balanceroute.core.policies.brh import BRHPolicy
     from balanceroute.core.predictors import split_workload
 

@@ -135,6 +135,8 @@ def reproduce(
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``reproduce`` options."""
+    from balanceroute.progress import add_quiet_arg
+
     p.add_argument("--quick", action="store_true",
                    help="small sizes, one seed, G <= 32: minutes on a laptop (for CI and a "
                         "first look); default output papers/reproduction/quick/")
@@ -158,13 +160,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "present")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: redraw the figures and REPORT.md from <out>/data/*.csv")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_quiet_arg(p)
 
 
 def run_reproduce(args: argparse.Namespace) -> int:
     """Handler of ``balanceroute reproduce``: a progress bar on stderr, a summary on stdout;
     exit status 1 if a cell failed."""
-    from tqdm import tqdm
+    from balanceroute.progress import progress
 
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
@@ -174,14 +176,12 @@ def run_reproduce(args: argparse.Namespace) -> int:
 
     def on_start(n: int) -> None:
         nonlocal bar
-        bar = tqdm(total=n, desc="reproduce", unit="cell", file=sys.stderr,
-                   disable=args.quiet or None, dynamic_ncols=True)
+        bar = progress(n, "reproduce", "cells", quiet=args.quiet)
 
     def on_done(o: CellOutcome) -> None:
         if bar is not None:
             bar.set_postfix_str(f"{o.cell.experiment} {o.cell.policy or o.cell.kind} "
-                                f"G={o.cell.replicas}" + (" (cached)" if o.cached else ""),
-                                refresh=False)
+                                f"G={o.cell.replicas}" + (" (cached)" if o.cached else ""))
             bar.update(1)
 
     words = ["balanceroute", "reproduce"] + (["--quick"] if args.quick else [])

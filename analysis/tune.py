@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import product
@@ -111,7 +110,8 @@ def tune_brh(
 
 def add_tune_args(parser: argparse.ArgumentParser) -> None:
     """Flags of ``balanceroute tune``."""
-    from balanceroute.analysis.cli import add_workload_args
+    from balanceroute.analysis.args import add_workload_args
+    from balanceroute.progress import add_quiet_arg
 
     add_workload_args(parser)
     g = parser.add_argument_group("tuning")
@@ -128,7 +128,10 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--objective", choices=("mean_imbalance", "throughput_tok_s"),
                    default="mean_imbalance", help="what to optimise (default: %(default)s)")
     g.add_argument("--json", action="store_true", help="print the records as JSON")
-    g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    g.add_argument("--write-params", metavar="FILE",
+                   help="write the chosen parameters as a file that simulate/compare/serve "
+                        "take with --params FILE")
+    add_quiet_arg(g)
 
 
 def format_tune(records: Sequence[dict], limit: int = 10) -> str:
@@ -153,11 +156,19 @@ def format_tune(records: Sequence[dict], limit: int = 10) -> str:
 
 def run_tune(args: argparse.Namespace) -> int:
     """Handler of ``balanceroute tune``."""
-    from tqdm import tqdm
-
-    from balanceroute.analysis.cli import workload_from_args
+    from balanceroute.analysis.args import limits_from_args, workload_from_args
+    from balanceroute.core.policies.variants import BRH_VARIANTS
     from balanceroute.core.predictors import split_workload
+    from balanceroute.progress import progress
 
+    variants = {predictor: name for name, predictor in BRH_VARIANTS.items()}
+    if args.predictor not in variants:
+        raise ValueError(f"--predictor {args.predictor!r}: choose one of {', '.join(variants)}")
+    variant = variants[args.predictor]
+    limits = limits_from_args(args)
+    limits.check("max_replicas", args.replicas, "--replicas")
+    limits.check("max_slots", args.slots, "--slots")
+    limits.check("max_pool", args.pool_size, "--pool-size")
     grid = TuneGrid()
     if args.horizon:
         try:
@@ -167,19 +178,29 @@ def run_tune(args: argparse.Namespace) -> int:
         grid = TuneGrid(horizon=horizons, gamma=grid.gamma, beta_per_replica=grid.beta_per_replica,
                         s_greedy=grid.s_greedy)
     train, _ = split_workload(workload_from_args(args), args.train_fraction)
-    with tqdm(total=args.trials + 1, desc="tuning", unit="run", file=sys.stderr,
-              disable=args.quiet or args.json or None) as bar:
+    with progress(args.trials + 1, "tuning", "runs", quiet=args.quiet) as bar:
         records = tune_brh(
             train, num_replicas=args.replicas, slots=args.slots, pool_size=args.pool_size,
             predictor=args.predictor, trials=args.trials, seed=args.seed, grid=grid,
             objective=args.objective, progress=lambda done, total, rec: bar.update(1),
         )
+    best = next(r for r in records if r["policy"] == "brh")
+    base = next(r for r in records if r["policy"] == "br0")
+    if args.write_params:
+        from balanceroute.params import write_params
+
+        write_params(args.write_params, variant,
+                     {k: best[k] for k in ("horizon", "gamma", "beta", "s_greedy")},
+                     {"command": "tune", "workload": train.name, "requests": len(train),
+                      "train_fraction": args.train_fraction, "seed": args.seed,
+                      "replicas": args.replicas, "slots": args.slots,
+                      "objective": args.objective, "trials": args.trials,
+                      "mean_imbalance": best["mean_imbalance"],
+                      "br0_mean_imbalance": base["mean_imbalance"]})
     if args.json:
         print(json.dumps([{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
                           for r in records], indent=2))
         return 0
-    best = next(r for r in records if r["policy"] == "brh")
-    base = next(r for r in records if r["policy"] == "br0")
     print(f"tuned on {train.name} ({len(train):,} requests: predictor fitted on the first half, "
           f"candidates simulated on the second); G={args.replicas}, B={args.slots}, "
           f"objective {args.objective}")
@@ -188,4 +209,6 @@ def run_tune(args: argparse.Namespace) -> int:
     print(f"chosen: horizon={best['horizon']} gamma={best['gamma']:g} beta={best['beta']:g} "
           f"(= {best['beta_per_replica']:g}·G) s_greedy={best['s_greedy']} "
           f"({change:+.1f}% imbalance vs br0 on the tuning split)")
+    if args.write_params:
+        print(f"written to {args.write_params}: pass it as --params {args.write_params}")
     return 0

@@ -55,13 +55,16 @@ class StepModel:
 
     @classmethod
     def parse(cls, text: str) -> StepModel:
-        """From ``"b=0.03,a=2e-7,c=0"`` (any subset of the keys; the rest keep defaults)."""
+        """From ``"b=0.03,a=2e-7,c=0"`` (any subset of the keys, each at most once; the rest
+        keep defaults)."""
         values: dict[str, float] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
             key, sep, raw = part.partition("=")
             key = key.strip()
             if not sep or key not in ("a", "b", "c"):
                 raise ValueError(f"step model {part!r}: expected a=..., b=... or c=...")
+            if key in values:
+                raise ValueError(f"step model {text!r}: {key} given twice")
             try:
                 values[key] = float(raw)
             except ValueError:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import os
 import sys
@@ -63,7 +62,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--health-interval", type=float, dest="health_interval_s",
                    help="health probe period in seconds; 0 disables (2)")
     p.add_argument("--admin-token-env", metavar="VAR",
-                   help="protect /status and /admin with the token in this environment variable")
+                   help="enable /status and /admin, protected by the token in this environment variable "
+                        "(off without it)")
+    p.add_argument("--api-key", dest="client_api_key", metavar="KEY",
+                   help="clients must send 'Authorization: Bearer KEY' on /v1/* (like vLLM's --api-key)")
+    p.add_argument("--api-key-env", dest="client_api_key_env", metavar="VAR",
+                   help="as --api-key, with the key read from this environment variable")
+    p.add_argument("--upstream-api-key-env", metavar="VAR",
+                   help="send the bearer token in this environment variable to every upstream "
+                        "(none is sent by default; per upstream: api_key_env in the config)")
+    p.add_argument("--params", action="append", default=[], metavar="FILE",
+                   help="policy parameters from a `balanceroute tune --write-params` file (a "
+                        "brh-<predictor> file applies to brh, which serves without a fitted "
+                        "predictor); --policy-param overrides single keys")
+    p.add_argument("--ttft-slo", type=float, dest="ttft_slo_s", metavar="SECONDS",
+                   help="TTFT objective passed to the policy as ttft_slo_s (policies that take it)")
+    p.add_argument("--max-model-len", type=int, help="reject max_tokens above this with 400")
+    p.add_argument("--metrics-urls", action="store_true", default=None,
+                   help="label /metrics replicas with their URLs (index only by default)")
     p.add_argument("--served-model", action="append", dest="served_models", metavar="NAME",
                    help="model names for /v1/models when no decode server answers")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
@@ -95,6 +111,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--prefill-fail-rate", type=float, default=0.0)
     e.add_argument("--decode-fail-rate", type=float, default=0.0)
     e.add_argument("--stream-break-rate", type=float, default=0.0)
+    e.add_argument("--poison-word", metavar="WORD",
+                   help="every decode replica answers 500 to prompts containing WORD (a poison request)")
     e.add_argument("--kill-replica", type=int, action="append", default=[], metavar="G")
     e.add_argument("--slow-replica", type=_slow, action="append", default=[], metavar="G:FACTOR")
     e.add_argument("--write-proxy-config", metavar="FILE",
@@ -130,20 +148,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.set_defaults(handler=_loadgen)
 
 
-def _serve(args: argparse.Namespace) -> int:
+def serve_config(args: argparse.Namespace):
+    """The :class:`~.config.ProxyConfig` that ``serve``'s flags (and ``--config``) describe."""
     from .config import ProxyConfig, load_config_file
-    from .proxy import create_proxy_app
-    from .runner import bind_socket, run_foreground, url_of
 
     mapping: dict[str, Any] = load_config_file(args.config) if args.config else {}
     for key in ("host", "port", "kv_dialect", "slots", "policy", "prefill_balance", "bootstrap_port",
                 "pool_capacity", "kv_lease_s", "tick_interval_s", "max_attempts", "health_interval_s",
-                "admin_token_env", "log_level"):
+                "admin_token_env", "client_api_key", "client_api_key_env", "upstream_api_key_env",
+                "ttft_slo_s", "max_model_len", "metrics_urls", "log_level"):
         value = getattr(args, key)
         if value is not None:
             mapping[key] = value
     if args.served_models:
         mapping["served_models"] = args.served_models
+    if args.params:
+        _apply_params_file(mapping, args.params)
     if args.policy_param:
         mapping["policy_params"] = {**mapping.get("policy_params", {}), **dict(args.policy_param)}
     if args.prefill:
@@ -153,8 +173,15 @@ def _serve(args: argparse.Namespace) -> int:
                              for u in args.decode]
     elif args.dp_size:
         raise ValueError("--dp-size needs --decode URL")
-    config = ProxyConfig.from_mapping(mapping)
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return ProxyConfig.from_mapping(mapping)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .routes import create_proxy_app
+    from .runner import bind_socket, configure_logging, run_foreground, url_of
+
+    config = serve_config(args)
+    configure_logging(config.log_level)
     app = create_proxy_app(config)
     sock = bind_socket(config.host, config.port)
 
@@ -164,6 +191,23 @@ def _serve(args: argparse.Namespace) -> int:
 
     run_foreground([(app, sock)], started=started, log_level=config.log_level)
     return 0
+
+
+def _apply_params_file(mapping: dict[str, Any], paths: list[str]) -> None:
+    """Merge one ``--params`` file into the proxy config ``mapping`` (policy and its params)."""
+    from balanceroute.params import read_params
+
+    files = read_params(paths)
+    if len(files) != 1:
+        raise ValueError("serve runs one policy: give one --params file")
+    (named, params), = files.items()
+    served = "brh" if named.startswith("brh-") else named
+    policy = mapping.get("policy") or served
+    if policy != served:
+        raise ValueError(f"--params {files.sources[named]} is for {named!r}, but the proxy runs "
+                         f"{policy!r}")
+    mapping["policy"] = policy
+    mapping["policy_params"] = {**mapping.get("policy_params", {}), **params}
 
 
 def _step_model(text: str):
@@ -202,7 +246,7 @@ def _emulate(args: argparse.Namespace) -> int:
         seed=args.seed, kv_lease_s=args.kv_lease, stamp_chunks=args.stamp_chunks,
         prefill_fail_rate=args.prefill_fail_rate, decode_fail_rate=args.decode_fail_rate,
         stream_break_rate=args.stream_break_rate, killed=tuple(args.kill_replica),
-        slow=tuple(args.slow_replica),
+        slow=tuple(args.slow_replica), poison_word=args.poison_word,
     )
     cluster = EmulatedCluster(config)
     apps, prefill_urls, decode_urls = emulator_apps(cluster, host=args.host, base_port=args.port)

@@ -12,12 +12,13 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 __all__ = [
     "DecodeReplica",
+    "OutlierConfig",
     "PrefillEndpoint",
     "ProxyConfig",
     "load_config_file",
@@ -25,6 +26,18 @@ __all__ = [
 
 KvDialect = Literal["nixl", "mooncake", "none"]
 PrefillBalance = Literal["round_robin", "least_loaded"]
+
+
+def _env_secret(name: str | None) -> str | None:
+    """The value of environment variable ``name`` (``None`` when unset, empty or not named)."""
+    return (os.environ.get(name) or None) if name else None
+
+
+def _reject_unknown(cls: type, data: Mapping[str, Any], what: str) -> None:
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown {what}(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
 
 
 def _check_url(url: str, what: str) -> str:
@@ -35,12 +48,60 @@ def _check_url(url: str, what: str) -> str:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class OutlierConfig:
+    """Thresholds of :class:`~.outlier.OutlierDetector` (the ``[outlier]`` table), defaults after
+    Envoy's outlier detection and vllm-router's circuit breaker; see docs/serving.md."""
+
+    consecutive_failures: int = 5
+    failure_rate: float = 0.5
+    window_s: float = 30.0
+    min_requests: int = 20
+    base_ejection_s: float = 10.0
+    max_ejection_s: float = 300.0
+    max_ejected_fraction: float = 0.5
+    panic_threshold: float = 0.5
+    success_threshold: int = 3
+    poison_hosts: int = 3
+    probe_failure_threshold: int = 3
+    probe_success_threshold: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("consecutive_failures", "min_requests", "success_threshold", "poison_hosts",
+                     "probe_failure_threshold", "probe_success_threshold"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"outlier.{name}={getattr(self, name)!r} must be an int >= 1")
+        for name in ("failure_rate", "max_ejected_fraction", "panic_threshold"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+                raise ValueError(f"outlier.{name}={value!r} must be in [0, 1]")
+        for name in ("window_s", "base_ejection_s", "max_ejection_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"outlier.{name}={value!r} must be > 0")
+        if self.max_ejection_s < self.base_ejection_s:
+            raise ValueError(f"{self.max_ejection_s=} must be >= base_ejection_s")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> OutlierConfig:
+        """From a config table; unknown keys are an error."""
+        _reject_unknown(cls, data, "outlier key")
+        return cls(**data)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PrefillEndpoint:
     """One prefill server. ``bootstrap_addr`` (Mooncake dialect only) is its bootstrap server,
-    ``http://<host>:<bootstrap_port>`` by default; ``dp_size`` is learnt from its ``/query``."""
+    ``http://<host>:<bootstrap_port>`` by default; ``dp_size`` is learnt from its ``/query``.
+    ``api_key_env``: environment variable holding the bearer token this server expects (none
+    is sent otherwise)."""
 
     url: str
     bootstrap_addr: str | None = None
+    api_key_env: str | None = None
+
+    def api_key(self) -> str | None:
+        """The bearer token for this server, if one is configured."""
+        return _env_secret(self.api_key_env)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", _check_url(self.url, "prefill"))
@@ -52,11 +113,17 @@ class PrefillEndpoint:
 class DecodeReplica:
     """One DP decode replica g: its own server (``dp_rank=None``) or rank ``dp_rank`` of a DP
     server addressed with the ``X-data-parallel-rank`` header. ``slots`` is B_g (vLLM
-    ``max_num_seqs``); ``None`` takes :attr:`ProxyConfig.slots`."""
+    ``max_num_seqs``); ``None`` takes :attr:`ProxyConfig.slots`. ``api_key_env`` as for
+    :class:`PrefillEndpoint`."""
 
     url: str
     dp_rank: int | None = None
     slots: int | None = None
+    api_key_env: str | None = None
+
+    def api_key(self) -> str | None:
+        """The bearer token for this server, if one is configured."""
+        return _env_secret(self.api_key_env)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", _check_url(self.url, "decode"))
@@ -87,6 +154,17 @@ class ProxyConfig:
     (``kv_lease_s`` after prefill answered) expires fails with 503; the policy's ``deadline_s``
     defaults to ``kv_lease_s − lease_margin_s`` so such requests are dispatched first.
     The tick runs on every pool arrival and slot release and every ``tick_interval_s``.
+
+    Secure defaults: no credential goes upstream unless an upstream names its ``api_key_env``
+    (``upstream_api_key_env`` names one for every upstream that has none); ``/status`` and
+    ``/admin/*`` answer only when ``admin_token_env`` is set (and then need that token);
+    clients need ``Authorization: Bearer <client_api_key>`` on ``/v1/*`` when a client key is
+    set (``client_api_key``, or the variable ``client_api_key_env``); ``/metrics`` labels
+    replicas by index, with URLs only when ``metrics_urls`` is set.
+
+    ``outlier``: ejection of failing replicas and prefill instances (:class:`OutlierConfig`).
+    ``max_model_len``: when set, ``max_tokens`` above it is a 400 at the edge. ``ttft_slo_s``:
+    passed to the policy as its ``ttft_slo_s`` parameter when set.
     """
 
     host: str = "127.0.0.1"
@@ -112,7 +190,13 @@ class ProxyConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     retry_after_s: int = 1
     admin_token_env: str | None = None
-    upstream_api_key_env: str | None = "OPENAI_API_KEY"
+    upstream_api_key_env: str | None = None
+    client_api_key_env: str | None = None
+    client_api_key: str | None = field(default=None, repr=False)
+    metrics_urls: bool = False
+    outlier: OutlierConfig = field(default_factory=OutlierConfig)
+    max_model_len: int | None = None
+    ttft_slo_s: float | None = None
     served_models: tuple[str, ...] = ()
     log_level: str = "info"
 
@@ -156,6 +240,17 @@ class ProxyConfig:
             raise ValueError(f"{self.retry_after_s=} must be >= 0")
         if not 1 <= self.bootstrap_port <= 65535:
             raise ValueError(f"{self.bootstrap_port=} must be in 1..65535")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"{self.max_model_len=} must be >= 1")
+        if self.ttft_slo_s is not None and not (math.isfinite(self.ttft_slo_s) and self.ttft_slo_s > 0):
+            raise ValueError(f"{self.ttft_slo_s=} must be > 0 seconds")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ValueError(f"{self.log_level=} must be debug, info, warning or error")
+        if self.upstream_api_key_env:  # the fleet-wide default for upstreams without their own
+            object.__setattr__(self, "prefill", tuple(
+                p if p.api_key_env else replace(p, api_key_env=self.upstream_api_key_env) for p in self.prefill))
+            object.__setattr__(self, "decode", tuple(
+                d if d.api_key_env else replace(d, api_key_env=self.upstream_api_key_env) for d in self.decode))
 
     @property
     def num_replicas(self) -> int:
@@ -177,23 +272,23 @@ class ProxyConfig:
 
     def admin_token(self) -> str | None:
         """The admin token (from the environment variable ``admin_token_env``), if any."""
-        if not self.admin_token_env:
-            return None
-        return os.environ.get(self.admin_token_env) or None
+        return _env_secret(self.admin_token_env)
 
-    def upstream_api_key(self) -> str | None:
-        """The bearer token sent upstream (from ``upstream_api_key_env``), if set."""
-        if not self.upstream_api_key_env:
-            return None
-        return os.environ.get(self.upstream_api_key_env) or None
+    def client_key(self) -> str | None:
+        """The key clients must present on ``/v1/*``, if client auth is on."""
+        return self.client_api_key or _env_secret(self.client_api_key_env)
+
+    def policy_parameters(self) -> dict[str, Any]:
+        """``policy_params`` plus ``ttft_slo_s`` when it is set."""
+        params = dict(self.policy_params)
+        if self.ttft_slo_s is not None:
+            params["ttft_slo_s"] = self.ttft_slo_s
+        return params
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> ProxyConfig:
         """Build from a parsed config file; unknown keys are an error."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+        _reject_unknown(cls, data, "config key")
         values = dict(data)
         if "prefill" in values:
             values["prefill"] = tuple(_prefill_entry(p) for p in _as_list(values["prefill"], "prefill"))
@@ -205,6 +300,10 @@ class ProxyConfig:
             values["served_models"] = tuple(_as_list(values["served_models"], "served_models"))
         if "policy_params" in values and not isinstance(values["policy_params"], Mapping):
             raise ValueError("policy_params must be a table/object")
+        if "outlier" in values:
+            if not isinstance(values["outlier"], Mapping):
+                raise ValueError("outlier must be a table/object")
+            values["outlier"] = OutlierConfig.from_mapping(values["outlier"])
         try:
             return cls(**values)
         except TypeError as exc:

@@ -3,20 +3,30 @@
 The tick is synchronous numpy (build state → ``policy.assign`` → apply) and runs inline on the
 event loop; its duration is recorded so ``/status`` and ``/metrics`` show that it stays far
 below a decode step. Requests wait for their replica on an ``asyncio.Future`` the tick resolves.
+
+Fail small: lease expiry runs first, whatever the policy does; a policy that raises (or returns
+an invalid assignment) is logged and counted, and that tick is decided by ``least_load``
+instead. A retried request that the tick sends back to a replica it already failed on goes to
+the least-loaded free replica it has not failed on, when there is one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 
 import numpy as np
 
 from balanceroute.core.policies.base import Policy
+from balanceroute.core.policies.least_load import LeastLoadPolicy
+from balanceroute.core.state import validate_assignment
 
 from .ledger import Ledger, Ticket
+
+log = logging.getLogger("balanceroute.serving.dispatch")
 
 __all__ = ["Dispatcher", "LeaseExpired"]
 
@@ -48,6 +58,9 @@ class Dispatcher:
         self.tick_seconds = np.zeros(4096)
         self.ticks = 0
         self.imbalance_sum = 0.0
+        self.policy_errors = 0
+        self.fallback = LeastLoadPolicy()
+        self._last_error_log = -float("inf")
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -90,7 +103,8 @@ class Dispatcher:
         return True
 
     def tick(self) -> int:
-        """Expire leases, then run one policy tick and resolve the placed tickets' futures."""
+        """Expire leases, then run one policy tick (``least_load`` if the policy fails) and
+        resolve the placed tickets' futures."""
         now = self.clock()
         for ticket in self.ledger.expire(now):
             if ticket.future is not None and not ticket.future.done():
@@ -102,7 +116,20 @@ class Dispatcher:
         if inputs is None:
             return 0
         state, view = inputs
-        placed = self.ledger.apply(state, view, self.policy.assign(state, view))
+        try:
+            decision = self.policy.assign(state, view)
+            validate_assignment(state, view, decision)
+        except Exception as exc:  # a plug-in that throws degrades one tick, not the service
+            self.policy_errors += 1
+            if now - self._last_error_log >= 10.0:
+                self._last_error_log = now
+                log.error("policy %s failed (%d so far); this tick uses least_load: %r",
+                          getattr(self.policy, "name", "?"), self.policy_errors, exc)
+            decision = self.fallback.assign(state, view)
+        placed = self.ledger.apply(state, view, decision)
+        for ticket in placed:
+            if ticket.replica in ticket.failed_on:
+                self._steer_away(ticket)
         seconds = time.perf_counter() - t0
         self.tick_seconds[self.ticks % self.tick_seconds.shape[0]] = seconds
         self.ticks += 1
@@ -113,6 +140,12 @@ class Dispatcher:
         if self.on_tick is not None:
             self.on_tick(seconds, len(placed))
         return len(placed)
+
+    def _steer_away(self, ticket: Ticket) -> None:
+        free = self.ledger.free_slots()
+        options = [g for g in np.flatnonzero(free > 0).tolist() if g not in ticket.failed_on]
+        if options:
+            self.ledger.rebind(ticket, min(options, key=lambda g: (self.ledger.loads[g], g)))
 
     def tick_stats(self) -> dict[str, float]:
         """Tick count and P50/P99/max duration in microseconds over the last 4096 ticks."""
@@ -135,4 +168,8 @@ class Dispatcher:
             finally:
                 timer.cancel()
             self._wake.clear()
-            self.tick()
+            try:
+                self.tick()
+            except Exception:  # never let the loop die: the next wake-up ticks again
+                self.policy_errors += 1
+                log.exception("scheduling tick failed")

@@ -69,7 +69,8 @@ class EmulatorConfig:
     faster than real time). ``output_lengths``: lengths to draw from when the client does not
     set ``ignore_eos``. Fault knobs: ``prefill_fail_rate`` (HTTP 500), ``decode_fail_rate``
     (HTTP 500 before the first token), ``stream_break_rate`` (the stream stops at a random
-    token), ``killed`` replicas (503, streams cut), ``slow`` replicas ((g, factor) pairs).
+    token), ``killed`` replicas (503, streams cut), ``slow`` replicas ((g, factor) pairs),
+    ``poison_word`` (every decode replica answers 500 to a prompt containing it).
     ``stamp_chunks`` adds ``emulator_ts`` (``time.monotonic()`` when the token was made) to
     every streamed chunk, for latency measurements.
     """
@@ -95,6 +96,7 @@ class EmulatorConfig:
     stream_break_rate: float = 0.0
     killed: tuple[int, ...] = ()
     slow: tuple[tuple[int, float], ...] = ()
+    poison_word: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
@@ -494,6 +496,10 @@ async def _decode(request: Request, chat: bool) -> Response:
     if rep.fail_rate and cluster.rng.random() < rep.fail_rate:
         cluster.counts["failed_injected"] += 1
         return _json_error(500, f"decode replica {g} failed (emulated fault)")
+    poison = cluster.config.poison_word
+    if poison and poison in json.dumps(payload.get("prompt", payload.get("messages"))):
+        cluster.counts["failed_injected"] += 1
+        return _json_error(500, f"decode replica {g} cannot serve this request (emulated poison request)")
     request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
     kv = payload.get("kv_transfer_params")
     prompt = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -55,6 +55,7 @@ class Ticket:
     created: float = 0.0
     first_token: bool = False
     prompt_checked: bool = False
+    failed_on: list[int] = field(default_factory=list)
 
 
 class Ledger:
@@ -137,6 +138,13 @@ class Ledger:
         at = next((j for j, t in enumerate(self.pool) if t.joined > ticket.joined), len(self.pool))
         self.pool.insert(at, ticket)
 
+    def rebind(self, ticket: Ticket, replica: int) -> None:
+        """Move an active ticket that has no token yet to a free slot of ``replica``."""
+        if ticket.state != "active" or ticket.age:
+            raise ValueError(f"ticket {ticket.rid} cannot move: {ticket.state}, age {ticket.age}")
+        self._release(ticket)
+        self._bind(ticket, replica)
+
     def progress(self, ticket: Ticket, completion_tokens: int) -> None:
         """Decode reported a_i = ``completion_tokens``: L_g grows by the new tokens."""
         if ticket.state != "active" or completion_tokens <= ticket.age:
@@ -217,16 +225,7 @@ class Ledger:
         placed = []
         for j, g in zip(decision.pool_index.tolist(), decision.replica.tolist(), strict=True):
             ticket = self.pool[j]
-            slot = int(np.argmax(self.slot_rid[g] < 0))
-            ticket.state = "active"
-            ticket.replica = g
-            ticket.slot = slot
-            ticket.age = 0
-            self.slot_rid[g, slot] = ticket.rid
-            self.slot_prompt[g, slot] = ticket.prompt_len
-            self.slot_age[g, slot] = 0
-            self.loads[g] += ticket.prompt_len
-            self.num_active[g] += 1
+            self._bind(ticket, g)
             placed.append(ticket)
         taken = set(decision.pool_index.tolist())
         self.pool = [t for j, t in enumerate(self.pool) if j not in taken]
@@ -239,6 +238,18 @@ class Ledger:
             return []
         state, view = inputs
         return self.apply(state, view, policy.assign(state, view))
+
+    def _bind(self, ticket: Ticket, g: int) -> None:
+        slot = int(np.argmax(self.slot_rid[g] < 0))
+        ticket.state = "active"
+        ticket.replica = g
+        ticket.slot = slot
+        ticket.age = 0
+        self.slot_rid[g, slot] = ticket.rid
+        self.slot_prompt[g, slot] = ticket.prompt_len
+        self.slot_age[g, slot] = 0
+        self.loads[g] += ticket.prompt_len
+        self.num_active[g] += 1
 
     def _release(self, ticket: Ticket) -> None:
         g, slot = ticket.replica, ticket.slot

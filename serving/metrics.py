@@ -2,7 +2,8 @@
 
 Counters and histograms are updated as things happen; the gauges (pool, per-replica KV load
 and running count, imbalance I = G·M − Σ L as the proxy sees it) are read from the ledger at
-scrape time.
+scrape time. Replicas are labelled by index; with ``replica_labels`` (the config's
+``metrics_urls``) also by URL.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from .ledger import Ledger
@@ -23,12 +24,14 @@ _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
 
 
 class _LedgerCollector:
-    def __init__(self, ledger: Ledger, labels: list[str], extra: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, metrics: ProxyMetrics, ledger: Ledger, labels: list[str] | None,
+                 extra: Callable[[], dict[str, Any]]) -> None:
+        self.metrics = metrics
         self.ledger = ledger
         self.labels = labels
         self.extra = extra
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         led = self.ledger
         yield GaugeMetricFamily("balanceroute_pool_size", "Prefilled requests waiting for a decode slot.",
                                 value=len(led.pool))
@@ -47,20 +50,24 @@ class _LedgerCollector:
             ("balanceroute_replica_free_slots", "Free slots the policy sees (0 when out of service).", led.free_slots()),
             ("balanceroute_replica_available", "1 if replica g is in service.", led.available.astype(int)),
         ]
-        for name, doc, values in per:
-            fam = GaugeMetricFamily(name, doc, labels=["replica", "url"])
-            for g, value in enumerate(values.tolist()):
-                fam.add_metric([str(g), self.labels[g]], value)
-            yield fam
+        yield CounterMetricFamily("balanceroute_relayed_tokens", "Completion tokens relayed to clients.",
+                                  value=self.metrics.relayed_tokens)
         for name, (doc, value) in self.extra().items():
-            yield GaugeMetricFamily(name, doc, value=value)
+            if isinstance(value, list):
+                per.append((name, doc, value))
+            else:
+                yield GaugeMetricFamily(name, doc, value=value)
+        for name, doc, values in per:
+            fam = GaugeMetricFamily(name, doc, labels=["replica", "url"] if self.labels else ["replica"])
+            for g, value in enumerate(values if isinstance(values, list) else values.tolist()):
+                fam.add_metric([str(g), self.labels[g]] if self.labels else [str(g)], value)
+            yield fam
 
 
 class ProxyMetrics:
     """The proxy's metric families on their own :class:`CollectorRegistry`."""
 
-    def __init__(self, ledger: Ledger, replica_labels: list[str],
-                 extra: Callable[[], dict[str, Any]] = dict) -> None:
+    def __init__(self, ledger: Ledger, replica_labels: list[str] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("balanceroute_requests", "Requests ended, by endpoint and outcome.",
                                 ["endpoint", "outcome"], registry=self.registry)
@@ -69,15 +76,23 @@ class ProxyMetrics:
         self.errors = Counter("balanceroute_errors", "Errors by kind.", ["kind"], registry=self.registry)
         self.retries = Counter("balanceroute_retries", "Upstream attempts retried, by stage.", ["stage"],
                                registry=self.registry)
-        self.tokens = Counter("balanceroute_relayed_tokens", "Completion tokens relayed to clients.",
-                              registry=self.registry)
+        self.relayed_tokens = 0  # per chunk on the hot path: a plain int, exported at scrape time
         self.tick = Histogram("balanceroute_tick_seconds", "Duration of a scheduling tick (policy included).",
                               buckets=_TICK_BUCKETS, registry=self.registry)
         self.pool_wait = Histogram("balanceroute_pool_wait_seconds", "Time from prefill done to decode slot.",
                                    buckets=_WAIT_BUCKETS, registry=self.registry)
         self.ttft = Histogram("balanceroute_ttft_seconds", "Time from acceptance to the first decoded token.",
                               buckets=_WAIT_BUCKETS, registry=self.registry)
-        self.registry.register(_LedgerCollector(ledger, replica_labels, extra))
+        self.ejections = Counter("balanceroute_ejections", "Outlier ejections, by stage and reason.",
+                                 ["stage", "reason"], registry=self.registry)
+        self.poison = Counter("balanceroute_poison_requests", "Requests that failed on several hosts "
+                              "(their failures eject nobody), by stage.", ["stage"], registry=self.registry)
+        self._ledger, self._labels = ledger, replica_labels
+
+    def register_gauges(self, extra: Callable[[], dict[str, Any]] = dict) -> None:
+        """Add the gauges read at scrape time: the ledger's, and ``extra()`` — name → (doc,
+        value), a list value being one per replica."""
+        self.registry.register(_LedgerCollector(self, self._ledger, self._labels, extra))
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""

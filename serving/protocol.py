@@ -8,24 +8,27 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 __all__ = [
     "ApiError",
-    "normalize_upstream_error",
     "ClientRequest",
+    "MAX_JSON_DEPTH",
     "NIXL_PREFILL_PARAMS",
     "SSE_DONE",
     "approx_prompt_tokens",
     "decode_body",
     "error_body",
-    "iter_sse",
+    "is_retryable",
+    "normalize_upstream_error",
+    "parse_body",
     "prefill_body",
+    "request_schema",
     "sse",
+    "upstream_headers",
     "validate_request",
     "words_prompt_tokens",
 ]
@@ -45,15 +48,38 @@ SSE_DONE = b"data: [DONE]\n\n"
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_error",
     502: "upstream_error",
     503: "service_unavailable",
     504: "upstream_timeout",
 }
+
+
+_RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def is_retryable(status: int) -> bool:
+    """Upstream statuses worth another host (timeouts, overload, server errors); other 4xx are
+    the request's own fault and are relayed."""
+    return status in _RETRYABLE_STATUS
+
+
+def upstream_headers(request_id: str, dp_rank: int | None, api_key: str | None) -> dict[str, str]:
+    """Headers of an upstream call: ``X-Request-Id``, the DP rank, and a bearer token only when
+    one is configured for that upstream."""
+    headers = {"X-Request-Id": request_id}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    if dp_rank is not None:
+        headers["X-data-parallel-rank"] = str(dp_rank)
+    return headers
 
 
 def error_body(message: str, *, status: int, type: str | None = None, param: str | None = None,
@@ -107,6 +133,81 @@ def normalize_upstream_error(status: int, content: bytes) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------ the HTTP edge
+#: deepest nesting of objects/arrays accepted in a client body
+MAX_JSON_DEPTH = 64
+_INT32 = 2**31 - 1
+_INT64 = 2**63
+
+
+def _bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, kind="bad_request", param=param)
+
+
+def _reject_constant(name: str) -> Any:
+    raise _bad(f"invalid JSON body: {name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _bad(f"invalid JSON body: the number {text[:40]} is out of range")
+    return value
+
+
+def _check_tree(value: Any) -> None:
+    """Depth ≤ :data:`MAX_JSON_DEPTH`, integers in int64, strings (and keys) valid Unicode
+    without lone surrogates."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if kind is str:
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise _bad("invalid JSON body: a string holds a lone UTF-16 surrogate") from None
+        elif kind is int:
+            if not -_INT64 <= item < _INT64:
+                raise _bad("invalid JSON body: an integer is outside the 64-bit range")
+        elif kind is dict or kind is list:
+            if depth > MAX_JSON_DEPTH:
+                raise _bad(f"invalid JSON body: nested deeper than {MAX_JSON_DEPTH} levels")
+            if kind is dict:
+                stack.extend((k, depth) for k in item)
+                stack.extend((v, depth + 1) for v in item.values())
+            elif item and all(type(v) is int for v in item):  # token ids: one C-speed pass
+                if not (-_INT64 <= min(item) and max(item) < _INT64):
+                    raise _bad("invalid JSON body: an integer is outside the 64-bit range")
+            else:
+                stack.extend((v, depth + 1) for v in item)
+
+
+def parse_body(body: bytes) -> Any:
+    """Strict JSON: no NaN/Infinity, finite numbers, int64 integers, valid Unicode (no lone
+    surrogates), nesting ≤ :data:`MAX_JSON_DEPTH`; raises :class:`ApiError` (400)."""
+    try:
+        value = json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
+    except ApiError:
+        raise
+    except RecursionError:
+        raise _bad(f"invalid JSON body: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _bad(f"invalid JSON body: {exc}") from None
+    _check_tree(value)
+    return value
+
+
+_Count = Annotated[int, Field(strict=True, ge=0, le=_INT32)]
+_Positive = Annotated[int, Field(strict=True, ge=1, le=_INT32)]
+_Seed = Annotated[int, Field(strict=True, ge=-_INT64, lt=_INT64)]
+_TokenId = Annotated[int, Field(strict=True, ge=0, le=_INT32)]
+
+
+def _real(**bounds: float) -> Any:
+    return Annotated[float, Field(strict=True, **bounds)]
+
+
 class _StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     include_usage: StrictBool | None = None
@@ -118,22 +219,58 @@ class _Common(BaseModel):
     model: StrictStr | None = None
     stream: StrictBool | None = False
     stream_options: _StreamOptions | None = None
-    max_tokens: StrictInt | None = Field(default=None, ge=1)
-    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
-    n: StrictInt | None = Field(default=1, ge=1)
+    max_tokens: _Positive | None = None
+    max_completion_tokens: _Positive | None = None
+    min_tokens: _Count | None = None
+    n: _Positive | None = 1
+    temperature: _real(ge=0.0) | None = None
+    top_p: _real(gt=0.0, le=1.0) | None = None
+    top_k: Annotated[int, Field(strict=True, ge=-1, le=_INT32)] | None = None
+    min_p: _real(ge=0.0, le=1.0) | None = None
+    presence_penalty: _real(ge=-2.0, le=2.0) | None = None
+    frequency_penalty: _real(ge=-2.0, le=2.0) | None = None
+    repetition_penalty: _real(gt=0.0) | None = None
+    seed: _Seed | None = None
+    ignore_eos: StrictBool | None = None
 
 
 class _Message(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: StrictStr
+    content: StrictStr | list[dict[str, Any]] | None = None
 
 
 class _Chat(_Common):
     messages: list[_Message] = Field(min_length=1)
+    logprobs: StrictBool | None = None
+    top_logprobs: _Count | None = None
 
 
 class _Completion(_Common):
-    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+    prompt: StrictStr | list[_TokenId] | list[StrictStr] | list[list[_TokenId]]
+    logprobs: _Count | None = None
+    echo: StrictBool | None = None
+
+
+def request_schema(chat: bool) -> dict[str, Any]:
+    """JSON Schema of the body the edge accepts (inlined, for ``/openapi.json``)."""
+    schema = (_Chat if chat else _Completion).model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return inline(defs[ref.rsplit("/", 1)[1]])
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    return inline(schema)
+
+
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,29 +290,38 @@ class ClientRequest:
         return "/v1/chat/completions" if self.chat else "/v1/completions"
 
 
-def validate_request(payload: Any, *, chat: bool) -> ClientRequest:
-    """Check a client body; raises :class:`ApiError` (400) naming the offending field."""
+def validate_request(payload: Any, *, chat: bool, max_model_len: int | None = None) -> ClientRequest:
+    """Check a parsed client body (see :func:`parse_body` for the JSON itself); raises
+    :class:`ApiError` (400) naming the offending field. ``max_tokens`` must fit in
+    ``max_model_len`` when it is known."""
     if not isinstance(payload, dict):
-        raise ApiError(400, "the request body must be a JSON object", kind="bad_request")
+        raise _bad("the request body must be a JSON object")
     model = _Chat if chat else _Completion
     try:
         checked = model.model_validate(payload)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"] if not str(p).startswith(("function-", "list[")))
-        raise ApiError(400, f"{param or 'body'}: {first['msg']}", kind="bad_request",
-                       param=param or None) from None
+        param = ".".join(str(p) for p in first["loc"] if str(p) not in _UNION_TAGS
+                         and not str(p).startswith(("function-", "list[", "dict[", "constrained-")))
+        raise _bad(f"{param or 'body'}: {first['msg']}", param or None) from None
     if checked.n not in (None, 1):
-        raise ApiError(400, "n > 1 is not supported by the BalanceRoute proxy", kind="bad_request",
-                       param="n")
+        raise _bad("n > 1 is not supported: the proxy binds one request to one decode slot; "
+                   "send n requests instead", "n")
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = getattr(checked, name)
+        if max_model_len is not None and value is not None and value > max_model_len:
+            raise _bad(f"{name}={value} exceeds the model's context length {max_model_len}", name)
+    if checked.min_tokens and checked.max_tokens and checked.min_tokens > checked.max_tokens:
+        raise _bad(f"min_tokens={checked.min_tokens} exceeds max_tokens={checked.max_tokens}", "min_tokens")
     if not chat:
         prompt = checked.prompt  # type: ignore[attr-defined]
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
-                raise ApiError(400, "batched prompts are not supported; send one prompt per request",
-                               kind="bad_request", param="prompt")
+                raise _bad("batched prompts are not supported; send one prompt per request", "prompt")
+            if isinstance(prompt[0], list) and not prompt[0]:
+                raise _bad("prompt must not be empty", "prompt")
         if isinstance(prompt, list) and not prompt:
-            raise ApiError(400, "prompt must not be empty", kind="bad_request", param="prompt")
+            raise _bad("prompt must not be empty", "prompt")
     opts = checked.stream_options
     stream = bool(checked.stream)
     return ClientRequest(
@@ -221,35 +367,12 @@ def sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
 
 
-async def iter_sse(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """The ``data`` payload of each server-sent event in a byte stream (comments and other
-    fields skipped; multi-line data joined with newlines)."""
-    buf = b""
-    async for chunk in chunks:
-        if not chunk:
-            continue
-        buf += chunk
-        if b"\r" in buf:  # CRLF line ends, possibly split across chunks
-            buf = buf.replace(b"\r\n", b"\n")
-        while True:
-            end = buf.find(b"\n\n")
-            if end < 0:
-                break
-            block, buf = buf[:end], buf[end + 2:]
-            data = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
-            if data:
-                yield b"\n".join(data)
-    tail = buf.strip()
-    if tail.startswith(b"data:"):
-        yield tail[5:].lstrip(b" ")
-
-
 # ------------------------------------------------------------------- token estimates
 def _texts(payload: dict[str, Any]) -> tuple[list[str], int, int]:
     """(text pieces, explicit token ids, number of chat messages)."""
-    if "messages" in payload:
+    if isinstance(payload.get("messages"), list):
         texts: list[str] = []
-        messages = payload.get("messages") or []
+        messages = payload["messages"]
         for msg in messages:
             content = msg.get("content") if isinstance(msg, dict) else None
             if isinstance(content, str):

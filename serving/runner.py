@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import socket
 import threading
@@ -16,8 +17,8 @@ import uvicorn
 
 from .emulator import EmulatedCluster, EmulatorConfig, create_decode_app, create_prefill_app
 
-__all__ = ["EmulatorThread", "ServerThread", "bind_socket", "emulator_apps", "emulator_proxy_mapping",
-           "serve_apps", "start_emulator"]
+__all__ = ["EmulatorThread", "ServerThread", "bind_socket", "configure_logging", "emulator_apps",
+           "emulator_proxy_mapping", "serve_apps", "start_emulator"]
 
 T = TypeVar("T")
 Hook = Callable[[], Awaitable[None]]
@@ -41,6 +42,15 @@ def url_of(sock: socket.socket) -> str:
     """``http://host:port`` of a bound socket."""
     host, port = sock.getsockname()[:2]
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def configure_logging(level: str) -> None:
+    """Log at ``level``; the HTTP client's per-request lines (every health probe, every
+    upstream call) only at ``debug``."""
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet = logging.DEBUG if level == "debug" else logging.WARNING
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(quiet)
 
 
 class _Server(uvicorn.Server):

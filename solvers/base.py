@@ -86,6 +86,12 @@ class Solver(Protocol):
     ``solve`` validates the instance (``ValueError`` naming what is wrong, including proven
     infeasibility), always honours ``time_limit_s``, stops at relative gap ``gap_rel``, uses at
     most ``threads`` threads and is deterministic for a given ``seed`` where the backend allows.
+    Optional keywords every backend solver takes: ``params`` (backend parameters as
+    ``{KEY: VALUE}`` texts, typed by the backend; a wrong key or type is a ``ValueError``),
+    ``log_path`` (the backend's log goes to this file; nothing is printed) and ``export`` (a
+    path stem: the model is written as ``<stem>.mps`` + ``<stem>.lp`` for PuLP backends or
+    ``<stem>.cpsat.pb.txt`` for CP-SAT, objective in the instance's units with its constant).
+    Clairvoyant solvers also take ``hint`` (a known schedule as a CP-SAT hint / MIP start).
     """
 
     name: ClassVar[str]

@@ -2,9 +2,10 @@
 
 - :func:`tick_lp_bound`: the LP relaxation of the per-tick MILP (x ∈ [0,1]) in cvxpy, built once
   per shape with ``Parameter``s and re-solved for each instance.
-- :func:`tick_trivial_bound`: closed-form bounds — Σ_g max_Δ F_g(Δ) for the F objective (each
-  replica fills its own margin), and G·max(M, ⌈(ΣL + Δ)/G⌉) − (ΣL + Δ) minimised over the
-  feasible totals Δ for post-tick imbalance.
+- :func:`tick_trivial_bound`: closed-form bounds — Σ_g max_{0≤Δ≤Δ_g^max} F_g(Δ) for the F
+  objective (each replica alone, Δ_g^max the sum of its f_g largest prompts), and
+  G·max(M, ⌈(ΣL + Δ)/G⌉) − (ΣL + Δ) minimised over the feasible totals Δ for post-tick
+  imbalance (the ceiling only when loads are integers: (G·M − ΣL − Δ)_+ otherwise).
 - :func:`clairvoyant_lp_bound`: the LP relaxation of the time-indexed clairvoyant MILP (cvxpy,
   sparse matrices).
 - :func:`clairvoyant_trivial_bound`: Σ_k I(k) ≥ G·max_i Σ_a (s_i + a) − Σ_i Σ_a (s_i + a): the
@@ -22,7 +23,7 @@ import numpy as np
 
 from .clairvoyant_eval import model_tables
 from .instances import ClairvoyantInstance, TickInstance
-from .pulp_backend import _silence_highs_banner
+from .pulp_backend import reset_highs_threads
 
 __all__ = [
     "clairvoyant_lp_bound",
@@ -36,7 +37,7 @@ def _lp_solver() -> str | None:
     import cvxpy as cp
 
     if "HIGHS" in cp.installed_solvers():
-        _silence_highs_banner()
+        reset_highs_threads()
     return "HIGHS" if "HIGHS" in cp.installed_solvers() else None
 
 
@@ -104,22 +105,32 @@ def tick_trivial_bound(instance: TickInstance) -> float:
     """A closed-form bound (no solver), in the objective's sense."""
     lo, hi = instance.required
     if instance.objective == "f_score":
-        # F_g is concave piecewise linear with breakpoints at the margins: its maximum over Δ ≥ 0
-        # is at 0 or at some m_g(h). Each replica alone, ignoring that requests are shared.
+        # F_g is concave piecewise linear with breakpoints at the margins, so its maximum over
+        # Δ ∈ [0, Δ_g^max] is at 0, at a margin inside the range, or at Δ_g^max = the sum of the
+        # f_g largest prompts (F still rising past every margin when β < α). Each replica alone,
+        # ignoring that requests are shared: an upper bound.
         from ..core.model import horizon_f_score
 
+        desc = np.sort(instance.prompt_len.astype(np.float64))[::-1]
         total = 0.0
         for g in np.flatnonzero(instance.free_slots > 0):
-            points = np.concatenate([[0.0], instance.margins[g]])
-            total += float(np.max(horizon_f_score(points, instance.margins[g], instance.d,
-                                                  instance.alpha, float(instance.beta))))
+            top = float(desc[: int(instance.free_slots[g])].sum())
+            m = instance.margins[g]
+            points = np.concatenate([[0.0, top], m[m <= top]])
+            total += float(np.max(horizon_f_score(points, m, instance.d, instance.alpha,
+                                                  float(instance.beta))))
         return total
     g_count = instance.num_replicas
     base, top = float(instance.loads.sum()), float(instance.loads.max())
     sizes = np.sort(instance.prompt_len.astype(np.float64))
     d_lo, d_hi = base + sizes[:lo].sum(), base + sizes[::-1][:hi].sum()
 
-    def post(total: float) -> float:  # G·max(M, ⌈total/G⌉) − total, the best envelope for total
+    if not np.array_equal(instance.loads, np.round(instance.loads)):
+        # Fractional loads: the envelope is only ≥ max(M, total/G), so I ≥ (G·M − total)_+,
+        # smallest at the largest total.
+        return max(0.0, g_count * top - d_hi)
+
+    def post(total: float) -> float:  # G·max(M, ⌈total/G⌉) − total: integer loads, integer M
         return g_count * max(top, math.ceil(total / g_count - 1e-9)) - total
 
     candidates = [d_lo, d_hi, min(max(g_count * top, d_lo), d_hi)]

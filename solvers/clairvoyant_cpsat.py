@@ -9,6 +9,7 @@ ratio is a short decimal, else rounded (``info["exact_scaling"]``).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -16,15 +17,16 @@ from numpy.typing import NDArray
 
 from .base import FEASIBLE, NO_SOLUTION, OPTIMAL, BackendSolver, Solution, check_solve_args
 from .clairvoyant_eval import (
-    canonical_replicas,
+    COARSE_MESSAGE,
     coarse_objective,
     evaluate_schedule,
-    fine_loads,
-    greedy_schedule,
+    model_incumbent,
     model_tables,
 )
+from .cpsat_backend import export_cpsat, run_cpsat
+from .incumbent import decode_step_schedule
 from .instances import ClairvoyantInstance
-from .scaling import integer_scale
+from .scaling import inexact_scaling_message, step_time_weights
 
 __all__ = ["ClairvoyantCpSatSolver"]
 
@@ -38,7 +40,8 @@ class ClairvoyantCpSatSolver(BackendSolver):
 
     def solve(self, instance: ClairvoyantInstance, *, time_limit_s: float = 30.0,
               gap_rel: float = 0.0, threads: int = 1, seed: int = 0,
-              hint: tuple[NDArray, NDArray] | None = None) -> Solution:
+              hint: tuple[NDArray, NDArray] | None = None, params: Mapping[str, str] | None = None,
+              log_path: str | None = None, export: str | None = None) -> Solution:
         """Solve under the time limit. ``hint``: a known schedule ``(replica, start)`` in decode
         steps (e.g. a policy's), given to CP-SAT as a solution hint (snapped to model steps)."""
         from ortools.sat.python import cp_model
@@ -51,11 +54,7 @@ class ClairvoyantCpSatSolver(BackendSolver):
         # Data
         tab = model_tables(instance)
         n, g_count, slots, horizon = instance.num_requests, instance.num_replicas, instance.slots, tab.horizon
-        weights = np.array([instance.step_b * tab.q, instance.step_a])
-        positive = weights[weights > 0]
-        w_scale, exact = integer_scale(weights / positive.min()) if positive.size else (1, True)
-        w_busy, w_env = (np.rint(weights / positive.min() * w_scale).astype(np.int64)
-                         if positive.size else np.zeros(2, dtype=np.int64))
+        w_busy, w_env, unit, exact = step_time_weights(instance.step_b * tab.q, instance.step_a)
         model = cp_model.CpModel()
 
         # Variables: z[i, g, t]; replicas are identical and start empty, so request i may use
@@ -110,23 +109,19 @@ class ClairvoyantCpSatSolver(BackendSolver):
 
         # Starting incumbent: the model's own list schedule, or the caller's schedule when it is
         # better under the model's objective (a policy's schedule fits the model when q = 1).
-        incumbent = greedy_schedule(instance, tab)
-        if hint is not None and tab.q == 1:
-            c_rep, c_start = canonical_replicas(*(np.asarray(a, dtype=np.int64) for a in hint))
-            if _fits(instance, tab, c_rep, c_start) and (incumbent is None or coarse_objective(
-                    instance, tab, c_rep, c_start) < coarse_objective(instance, tab, *incumbent)):
-                incumbent = c_rep, c_start
+        incumbent = model_incumbent(instance, tab, hint)
         if incumbent is not None:
-            h_rep, h_start = canonical_replicas(*incumbent)
+            h_rep, h_start = incumbent
             for (i, g, t), var in z.items():
                 model.add_hint(var, int(g == h_rep[i] and t == h_start[i]))
 
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = time_limit_s
-        solver.parameters.relative_gap_limit = gap_rel
-        solver.parameters.num_workers = threads
-        solver.parameters.random_seed = seed
-        code = solver.solve(model)
+        if export is not None:  # objective in the instance's units, constant included
+            if instance.objective == "imbalance":
+                export_cpsat(model, export, scale=g_count, constant=-tab.total)
+            else:
+                export_cpsat(model, export, scale=unit)
+        solver, code = run_cpsat(model, time_limit_s=time_limit_s, gap_rel=gap_rel,
+                                 threads=threads, seed=seed, params=params, log_path=log_path)
         if code == cp_model.INFEASIBLE:
             raise ValueError(
                 "the clairvoyant instance is infeasible: no schedule finishes every request "
@@ -143,9 +138,9 @@ class ClairvoyantCpSatSolver(BackendSolver):
             for (i, g, t), var in z.items():
                 if solver.boolean_value(var):
                     replica[i], start_model[i] = g, t
-            start_fine = start_model * tab.q
-            value = evaluate_schedule(instance, replica, start_fine)["objective"]
             info["model_objective"] = coarse_objective(instance, tab, replica, start_model)
+            replica, start_fine = decode_step_schedule(instance, replica, start_model * tab.q)
+            value = evaluate_schedule(instance, replica, start_fine)["objective"]
             status = OPTIMAL if code == cp_model.OPTIMAL else FEASIBLE
         if status != OPTIMAL:
             message = f"time limit {time_limit_s:g} s reached" + (
@@ -155,27 +150,19 @@ class ClairvoyantCpSatSolver(BackendSolver):
         if instance.objective == "imbalance":
             bound = g_count * raw - tab.total
         else:
-            bound = raw / w_scale * positive.min() if positive.size else 0.0
+            bound = raw * unit
         info["model_bound"] = float(bound)
         if tab.q > 1:
             # The model bound is on the coarse objective, not the decode-step one.
             bound = float("nan")
-            message = (message + "; " if message else "") + (
-                f"coarsened (q={tab.q}): objective is the model's optimal schedule evaluated "
-                "per decode step; no proven bound on the uncoarsened optimum")
-        elif status == OPTIMAL and gap_rel == 0.0 and exact:
+            message = (message + "; " if message else "") + COARSE_MESSAGE.format(q=tab.q)
+        elif not exact:
+            status = FEASIBLE if status == OPTIMAL else status
+            bound = float("nan")
+            message = (message + "; " if message else "") + inexact_scaling_message(w_busy, w_env)
+        elif status == OPTIMAL and gap_rel == 0.0:
             bound = value
         return Solution(solver=self.name, status=status, sense="min", objective=value,
                         bound=bound, wall_s=time.perf_counter() - t0, replica=replica,
                         start=start_fine, message=message, info=info)
 
-
-def _fits(instance: ClairvoyantInstance, tab, replica: NDArray, start: NDArray) -> bool:
-    """True when a decode-step schedule is feasible in the q = 1 model (window, slots)."""
-    if np.any(start < tab.first) or np.any(start > tab.last):
-        return False
-    try:
-        fine_loads(instance, replica, start)
-    except ValueError:
-        return False
-    return True

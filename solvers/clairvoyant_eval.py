@@ -15,8 +15,13 @@ from numpy.typing import NDArray
 
 from .instances import ClairvoyantInstance
 
-__all__ = ["ModelTables", "canonical_replicas", "coarse_objective", "evaluate_schedule", "fine_loads", "greedy_schedule", "model_tables",
-           "schedule_objective"]
+__all__ = ["COARSE_MESSAGE", "ModelTables", "canonical_replicas", "coarse_objective",
+           "evaluate_schedule", "fine_loads", "greedy_schedule", "is_work_conserving",
+           "model_incumbent", "model_tables", "schedule_objective"]
+
+#: What a coarsened (q > 1) solve's numbers mean; ``{q}`` is the step.
+COARSE_MESSAGE = ("coarsened (q={q}): the model's schedule, made work-conserving per decode step "
+                  "and evaluated exactly; no proven bound from this model")
 
 
 def fine_loads(instance: ClairvoyantInstance, replica: NDArray, start: NDArray) -> tuple[NDArray, NDArray]:
@@ -59,6 +64,18 @@ def evaluate_schedule(instance: ClairvoyantInstance, replica: NDArray, start: ND
            "makespan": float(loads.shape[1])}
     out["objective"] = out[instance.objective]
     return out
+
+
+def is_work_conserving(instance: ClairvoyantInstance, replica: NDArray, start: NDArray) -> bool:
+    """True when no released request waits at a decode step where some replica has a free slot
+    (what every online policy guarantees)."""
+    _, active = fine_loads(instance, replica, start)
+    full = active.sum(axis=0) >= instance.num_replicas * instance.slots
+    st = np.asarray(start, dtype=np.int64)
+    for i in range(instance.num_requests):
+        if st[i] > instance.release[i] and not full[int(instance.release[i]):int(st[i])].all():
+            return False
+    return True
 
 
 def schedule_objective(instance: ClairvoyantInstance, replica: NDArray, start: NDArray) -> float:
@@ -164,3 +181,23 @@ def greedy_schedule(instance: ClairvoyantInstance, tables: ModelTables) -> tuple
     if np.any(start < 0) or np.any(start > tables.last):
         return None
     return replica, start
+
+
+def model_incumbent(instance: ClairvoyantInstance, tables: ModelTables,
+                    hint: tuple[NDArray, NDArray] | None) -> tuple[NDArray, NDArray] | None:
+    """A starting schedule for the exact models, in model steps with canonical replicas: the
+    model's list schedule, or ``hint`` (a decode-step schedule, e.g. a policy's) when it fits the
+    model (q = 1) and is better under the model's objective."""
+    incumbent = greedy_schedule(instance, tables)
+    if hint is not None and tables.q == 1:
+        rep, start = canonical_replicas(*(np.asarray(a, dtype=np.int64) for a in hint))
+        fits = bool(np.all(start >= tables.first) and np.all(start <= tables.last))
+        if fits:
+            try:
+                fine_loads(instance, rep, start)
+            except ValueError:
+                fits = False
+        if fits and (incumbent is None or coarse_objective(instance, tables, rep, start)
+                     < coarse_objective(instance, tables, *incumbent)):
+            incumbent = rep, start
+    return None if incumbent is None else canonical_replicas(*incumbent)

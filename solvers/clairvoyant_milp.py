@@ -11,20 +11,32 @@
 from __future__ import annotations
 
 import time
-from typing import ClassVar, Literal
+from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .base import BackendSolver, Solution, check_solve_args
-from .clairvoyant_eval import coarse_objective, evaluate_schedule, model_tables
+from .clairvoyant_eval import (
+    COARSE_MESSAGE,
+    ModelTables,
+    coarse_objective,
+    evaluate_schedule,
+    model_incumbent,
+    model_tables,
+)
+from .incumbent import decode_step_schedule
 from .instances import ClairvoyantInstance
-from .pulp_backend import PULP_BACKENDS, solve_pulp
+from .pulp_backend import PULP_BACKENDS, AnyPulpBackend, export_pulp, solve_pulp
 
-__all__ = ["ClairvoyantCbcSolver", "ClairvoyantHighsSolver", "build_clairvoyant_milp"]
+__all__ = ["ClairvoyantCbcSolver", "ClairvoyantHighsSolver", "ClairvoyantPulpSolver",
+           "build_clairvoyant_milp", "mip_start"]
 
 
 def build_clairvoyant_milp(instance: ClairvoyantInstance):
-    """The PuLP model, its ``z[(i, g, t)]`` variables and the tables it was built from.
+    """The PuLP model, its ``z[(i, g, t)]`` variables and the tables it was built from
+    (the envelope, waiting and busy variables are ``prob.variablesDict()["M_k" / "w_k" / "y_k"]``).
 
     ``step_time`` is scaled by 1/a (or 1/b when a = 0) so coefficients stay near 1; the
     objective has no constant term.
@@ -83,26 +95,62 @@ def build_clairvoyant_milp(instance: ClairvoyantInstance):
     return prob, z, tab
 
 
+def mip_start(prob, z: dict, instance: ClairvoyantInstance, tables: ModelTables,
+              replica: NDArray, start_model: NDArray) -> dict:
+    """Values of every variable of :func:`build_clairvoyant_milp` for a schedule of the model
+    (``start_model`` in model steps, replicas canonical): a complete MIP start."""
+    loads = np.zeros((instance.num_replicas, tables.horizon), dtype=np.int64)
+    running = np.zeros(tables.horizon, dtype=np.int64)
+    for i in range(instance.num_requests):
+        t = int(start_model[i])
+        loads[int(replica[i]), t:t + int(tables.dur[i])] += tables.contrib[i]
+        running[t:t + int(tables.dur[i])] += 1
+    values: dict = {var: float(replica[i] == g and start_model[i] == t) for (i, g, t), var in z.items()}
+    named = prob.variablesDict()
+    for k in range(tables.horizon):
+        waits = bool(np.any((tables.first <= k) & (start_model > k)))
+        for key, value in ((f"M_{k}", loads[:, k].max()), (f"w_{k}", waits), (f"y_{k}", running[k] > 0)):
+            if key in named:
+                values[named[key]] = float(value)
+    return values
+
+
 class _PulpClairvoyantSolver(BackendSolver):
-    """Shared body of the CBC and HiGHS clairvoyant solvers."""
+    """Shared body of the PuLP clairvoyant solvers; ``backend`` is ``cbc``, ``highs`` or any
+    PuLP solver name (:class:`ClairvoyantPulpSolver`)."""
 
     name: ClassVar[str]
-    backend: ClassVar[Literal["cbc", "highs"]]
+    backend: str
     problem: ClassVar[str] = "clairvoyant"
     requires: ClassVar[tuple[str, ...]]
 
     def solve(self, instance: ClairvoyantInstance, *, time_limit_s: float = 30.0,
-              gap_rel: float = 0.0, threads: int = 1, seed: int = 0, hint=None) -> Solution:
-        """Build the MILP, solve under the time limit; ``hint`` is accepted and ignored."""
+              gap_rel: float = 0.0, threads: int = 1, seed: int = 0,
+              hint: tuple[NDArray, NDArray] | None = None, params: Mapping[str, str] | None = None,
+              log_path: str | None = None, export: str | None = None) -> Solution:
+        """Build the MILP, solve under the time limit. The MIP start is the better (under the
+        model's objective) of the model's list schedule and ``hint`` (a decode-step schedule,
+        used when it fits the model)."""
         if not isinstance(instance, ClairvoyantInstance):
             raise ValueError(f"{self.name} solves ClairvoyantInstance, got {type(instance).__name__}")
         check_solve_args(time_limit_s, gap_rel, threads)
         t0 = time.perf_counter()
         prob, z, tab = build_clairvoyant_milp(instance)
+        unit = instance.step_a if instance.step_a > 0 else instance.step_b * tab.q
+        if export is not None:  # objective in the instance's units, constant included
+            if instance.objective == "imbalance":
+                export_pulp(prob, export, scale=instance.num_replicas, constant=-tab.total)
+            else:
+                export_pulp(prob, export, scale=unit)
+        incumbent = model_incumbent(instance, tab, hint)
+        warm = mip_start(prob, z, instance, tab, *incumbent) if incumbent is not None else None
         try:
             status, raw, message = solve_pulp(prob, self.backend, time_limit_s=time_limit_s,
-                                              gap_rel=gap_rel, threads=threads, seed=seed)
-        except ValueError:
+                                              gap_rel=gap_rel, threads=threads, seed=seed,
+                                              warm_start=warm, params=params, log_path=log_path)
+        except ValueError as exc:
+            if "infeasible" not in str(exc):
+                raise
             raise ValueError(
                 "the clairvoyant instance is infeasible: no schedule finishes every request "
                 f"within {tab.horizon} model steps"
@@ -117,19 +165,17 @@ class _PulpClairvoyantSolver(BackendSolver):
             for (i, g, t), var in z.items():
                 if (var.value() or 0.0) > 0.5:
                     replica[i], start_model[i] = g, t
-            start = start_model * tab.q
-            value = evaluate_schedule(instance, replica, start)["objective"]
             info["model_objective"] = coarse_objective(instance, tab, replica, start_model)
+            replica, start = decode_step_schedule(instance, replica, start_model * tab.q)
+            value = evaluate_schedule(instance, replica, start)["objective"]
         if instance.objective == "imbalance":
             bound = instance.num_replicas * raw - tab.total
         else:
-            bound = raw * (instance.step_a if instance.step_a > 0 else instance.step_b * tab.q)
+            bound = raw * unit
         info["model_bound"] = float(bound)
         if tab.q > 1:
             bound = float("nan")
-            message = (message + "; " if message else "") + (
-                f"coarsened (q={tab.q}): objective is the model's optimal schedule evaluated "
-                "per decode step; no proven bound on the uncoarsened optimum")
+            message = (message + "; " if message else "") + COARSE_MESSAGE.format(q=tab.q)
         elif status == "optimal" and gap_rel == 0.0:
             bound = value
         return Solution(solver=self.name, status=status, sense="min", objective=value,
@@ -151,3 +197,9 @@ class ClairvoyantHighsSolver(_PulpClairvoyantSolver):
     name = "clairvoyant-highs"
     backend = "highs"
     requires = PULP_BACKENDS["highs"]
+
+
+class ClairvoyantPulpSolver(AnyPulpBackend, _PulpClairvoyantSolver):
+    """Clairvoyant MILP on any solver PuLP knows (``get_solver("clairvoyant-pulp:SCIP_PY")``)."""
+
+    name = "clairvoyant-pulp"

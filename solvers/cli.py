@@ -12,9 +12,10 @@ import argparse
 import csv
 import dataclasses
 import math
-import sys
 from pathlib import Path
 from typing import Any
+
+from balanceroute.progress import add_quiet_arg
 
 __all__ = ["register"]
 
@@ -51,7 +52,9 @@ def register(subparsers: Any) -> None:
     src.add_argument("--sim-requests", type=int, default=2000, help="tick --workload: simulated requests")
     src.add_argument("--min-output", type=int, default=None, help="--workload: keep outputs >= this")
     src.add_argument("--max-output", type=int, default=None, help="--workload: keep outputs <= this")
-    src.add_argument("--load", nargs="+", default=None, metavar="PATH", help="instance JSON files")
+    src.add_argument("--load", nargs="+", default=None, metavar="PATH",
+                     help="instance JSON files or benchmark libraries "
+                          "(balanceroute/data/benchmarks/clairvoyant.json)")
     src.add_argument("--save", default=None, metavar="DIR", help="write the instances as JSON here")
     run = p.add_argument_group("solving")
     run.add_argument("--objective", default=None,
@@ -66,10 +69,27 @@ def register(subparsers: Any) -> None:
     run.add_argument("--threads", type=int, default=1, help="solver threads")
     run.add_argument("--lp-bound", action=argparse.BooleanOptionalAction, default=None,
                      help="also compute the LP relaxation bound (default: on for tick)")
+    run.add_argument("--solver-param", action="append", default=[], metavar="KEY=VALUE",
+                     help="a backend parameter (repeatable): CP-SAT SatParameters field, HiGHS "
+                          "option, CBC option or the PuLP solver's keyword")
+    run.add_argument("--relaxation", choices=("auto", "aggregate", "migration", "both", "none"),
+                     default="auto",
+                     help="clairvoyant: relaxations proving the lower bound (auto: aggregated, "
+                          "plus the migration relaxation where its exact DP fits)")
+    run.add_argument("--bound-time-limit", type=float, default=None,
+                     help="clairvoyant: seconds per relaxation bound (default --time-limit)")
+    run.add_argument("--polish-iters", type=int, default=100_000,
+                     help="clairvoyant: most local-search neighbours tried on the best schedule")
     out = p.add_argument_group("output")
     out.add_argument("--csv", default=None, metavar="PATH", help="write one row per instance x policy")
-    out.add_argument("--quiet", action="store_true", help="only the summary, no per-instance lines")
-    out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    out.add_argument("--summary-only", action="store_true",
+                     help="only the summary, no per-instance lines")
+    add_quiet_arg(out)
+    out.add_argument("--solver-log", default=None, metavar="DIR",
+                     help="write each solve's backend log to DIR/<instance>.log")
+    out.add_argument("--export", default=None, metavar="DIR",
+                     help="write each model to DIR (MPS + LP for PuLP solvers, CP-SAT text "
+                          "proto for CP-SAT; objective constant included)")
     p.set_defaults(handler=run_gap)
 
 
@@ -86,7 +106,14 @@ def _instances(args: argparse.Namespace) -> list:
     if args.instances < 1 or args.replicas < 1 or args.pool < 1:
         raise ValueError("--instances, --replicas and --pool must be >= 1")
     if args.load:
-        loaded = [load_instance(path) for path in args.load]
+        from .benchmarks import is_benchmark_library, load_benchmarks
+
+        loaded = []
+        for path in args.load:
+            if is_benchmark_library(path):
+                loaded += [inst for inst, _ in load_benchmarks(path)]
+            else:
+                loaded.append(load_instance(path))
         kinds = {"clairvoyant" if isinstance(x, ClairvoyantInstance) else "tick" for x in loaded}
         if len(kinds) > 1:
             raise ValueError("--load mixes tick and clairvoyant instances")
@@ -172,45 +199,67 @@ def _fmt(x: float) -> str:
     return f"{x:.6g}" if abs(x) < 1e6 else f"{x:.4e}"
 
 
+def _solver_params(pairs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--solver-param must be KEY=VALUE, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def run_gap(args: argparse.Namespace) -> int:
     """Handler of ``balanceroute gap``."""
-    from tqdm import tqdm
+    from balanceroute.progress import progress
 
-    from . import get_solver, solver_names
+    from . import get_solver, solver_names, solver_problem
     from .gap import clairvoyant_gap_rows, summarize, tick_gap_rows
     from .instances import save_instance
 
     instances = _instances(args)
     policies = _policies(args)
     solver = args.solver or f"{args.mode}-cpsat"
-    if solver not in solver_names(args.mode):
+    if solver_problem(solver) != args.mode:
         raise ValueError(f"solver {solver!r} does not solve {args.mode} instances; valid: "
-                         f"{', '.join(solver_names(args.mode))}")
+                         f"{', '.join(solver_names(args.mode))}, {args.mode}-pulp:<PuLP solver>")
     get_solver(solver)  # fails early on a missing backend
+    params = _solver_params(args.solver_param)
+    for folder in (args.save, args.solver_log, args.export):
+        if folder:
+            Path(folder).mkdir(parents=True, exist_ok=True)
     if args.save:
-        folder = Path(args.save)
-        folder.mkdir(parents=True, exist_ok=True)
         for k, inst in enumerate(instances):
-            save_instance(inst, folder / f"{args.mode}-{k:03d}.json")
+            save_instance(inst, Path(args.save) / f"{args.mode}-{k:03d}.json")
     time_limit = args.time_limit or (10.0 if args.mode == "tick" else 60.0)
     lp = args.lp_bound if args.lp_bound is not None else args.mode == "tick"
-    bar = tqdm(total=len(instances), desc=f"gap {args.mode}", unit="inst", file=sys.stderr,
-               disable=args.no_progress)
-    run = tick_gap_rows if args.mode == "tick" else clairvoyant_gap_rows
+    bar = progress(len(instances), f"gap {args.mode}", "instances", quiet=args.quiet,
+                   interval_s=30.0)
+    common = {"policies": policies, "solver": solver, "time_limit_s": time_limit,
+              "gap_rel": args.gap_rel, "threads": args.threads, "seed": args.seed,
+              "lp_bound": lp, "progress": bar.update, "params": params,
+              "log_dir": args.solver_log, "export_dir": args.export}
     try:
-        rows = run(instances, policies=policies, solver=solver, time_limit_s=time_limit,
-                   gap_rel=args.gap_rel, threads=args.threads, seed=args.seed, lp_bound=lp,
-                   progress=bar.update)
+        if args.mode == "tick":
+            rows = tick_gap_rows(instances, **common)
+        else:
+            rows = clairvoyant_gap_rows(instances, relaxation=args.relaxation,
+                                        bound_time_limit_s=args.bound_time_limit,
+                                        polish_iters=args.polish_iters, **common)
     finally:
         bar.close()
 
-    if not args.quiet:
+    if not args.summary_only:
         _print_instances(rows, policies, "optimum" if args.mode == "tick" else "best")
+    if args.mode == "clairvoyant":
+        _print_bounds(rows)
     print(f"\nsummary ({args.mode}, objective {rows[0]['objective']}, solver {solver}, "
           f"{len(instances)} instances; gap = relative to the "
-          f"{'optimum' if args.mode == 'tick' else 'best clairvoyant schedule'})")
-    cols = ["policy", "instances", "proven", "mean_rel_gap", "median_rel_gap", "worst_rel_gap",
-            "share_optimal", "mean_abs_gap", "worst_abs_gap", "mean_solve_s", "violations"]
+          f"{'optimum' if args.mode == 'tick' else 'best clairvoyant schedule'}; mean_rel_gap is "
+          "the mean of ratios, sum_rel_gap the ratio of sums)")
+    cols = ["policy", "instances", "proven", "mean_rel_gap", "sum_rel_gap", "median_rel_gap",
+            "worst_rel_gap", "share_optimal", "mean_abs_gap", "worst_abs_gap", "mean_solve_s",
+            "violations"]
     if args.mode == "tick":
         cols[-1:-1] = ["mean_capacity_gap", "worst_capacity_gap"]
     print("  ".join(f"{c:>14}" for c in cols))
@@ -225,15 +274,32 @@ def run_gap(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_bounds(rows: list[dict]) -> None:
+    """Per episode: the best work-conserving schedule, the proven lower bound and its method."""
+    print("\nproven lower bounds (Σ over decode steps; best = best work-conserving schedule found)")
+    seen: set[str] = set()
+    for r in rows:
+        if r["instance"] in seen:
+            continue
+        seen.add(r["instance"])
+        share = f"{100 * r['bound_share']:.1f} %" if math.isfinite(r["bound_share"]) else "-"
+        print(f"  {r['instance']}: best {_fmt(r['optimum'])}, lower bound {_fmt(r['bound'])} "
+              f"({share} of best; {r['bound_method']})")
+
+
 def _print_instances(rows: list[dict], policies: list[str], label: str) -> None:
-    head = ["instance", label, "bound", "status", "solve_s", *policies]
-    print("  ".join(f"{h:>14}" for h in head) + "   (policy value [relative gap])")
     by_instance: dict[str, list[dict]] = {}
     for r in rows:
         by_instance.setdefault(r["instance"], []).append(r)
+    width = max([8, *map(len, by_instance)])  # whole names, never cut
+    head = [f"{'instance':<{width}}", *(f"{h:>14}" for h in (label, "bound", "status", "solve_s")),
+            *(f"{p:>20}" for p in policies)]
+    print("  ".join(head) + "   (policy value [relative gap])")
     for name, group in by_instance.items():
         r0 = group[0]
-        cells = [name[-14:], _fmt(r0["optimum"]), _fmt(r0["bound"]), r0["status"],
-                 f"{r0['solve_s']:.3f}"]
-        cells += [f"{_fmt(r['heuristic'])} [{100 * r['rel_gap']:.1f}%]" for r in group]
-        print("  ".join(f"{c:>14}" for c in cells))
+        cells = [f"{name:<{width}}", *(f"{c:>14}" for c in (
+            _fmt(r0["optimum"]), _fmt(r0["bound"]), r0["status"], f"{r0['solve_s']:.3f}"))]
+        for r in group:
+            cell = f"{_fmt(r['heuristic'])} [{100 * r['rel_gap']:.1f}%]"
+            cells.append(f"{cell:>20}")
+        print("  ".join(cells))

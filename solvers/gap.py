@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,10 +34,28 @@ def heuristic_gap(value: float, reference: float, sense: str) -> float:
     return diff / max(abs(reference), 1.0)
 
 
+def _solver_options(options: dict[str, Any] | None, name: str, log_dir: str | None,
+                    export_dir: str | None) -> dict[str, Any]:
+    """Per-instance keyword arguments for ``solve``: user parameters, a log file and an export
+    stem named after the instance."""
+    out = dict(options or {})
+    if log_dir:
+        out["log_path"] = str(Path(log_dir) / f"{name}.log")
+    if export_dir:
+        out["export"] = str(Path(export_dir) / name)
+    return out
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
 def tick_gap_rows(
     instances: Sequence[TickInstance], *, policies: Iterable[str] = ("br0",),
     solver: str = "tick-cpsat", time_limit_s: float = 10.0, gap_rel: float = 0.0,
     threads: int = 1, seed: int = 0, lp_bound: bool = True, progress: Progress = None,
+    params: dict[str, str] | None = None, log_dir: str | None = None,
+    export_dir: str | None = None,
 ) -> list[dict[str, Any]]:
     """Solve every tick exactly and score each policy's decision under the same objective."""
     from .bounds import tick_lp_bound, tick_trivial_bound
@@ -46,20 +65,25 @@ def tick_gap_rows(
     names = list(policies)
     rows: list[dict[str, Any]] = []
     for k, inst in enumerate(instances):
+        label = inst.name or f"tick{k}"
+        opts = _solver_options({"params": params} if params else None, _safe(f"{k:03d}-{label}"),
+                               log_dir, export_dir)
         sol = oracle.solve(inst, time_limit_s=time_limit_s, gap_rel=gap_rel, threads=threads,
-                           seed=seed)
+                           seed=seed, **opts)
         proven = sol.status == OPTIMAL
         reference = sol.objective if proven else sol.bound
         lp = tick_lp_bound(inst) if lp_bound else math.nan
         base = {
-            "instance": inst.name or f"tick{k}", "mode": "tick", "objective": inst.objective,
+            "instance": label, "mode": "tick", "objective": inst.objective,
             "replicas": inst.num_replicas, "pool": inst.pool_size,
             "free_slots": int(inst.free_slots.sum()), "placed": inst.required[1],
             "solver": solver, "status": sol.status, "optimum": sol.objective, "bound": sol.bound,
             "solver_gap": sol.gap, "solve_s": sol.wall_s, "lp_bound": lp,
             "trivial_bound": tick_trivial_bound(inst),
             "reference": "optimum" if proven else "bound",
+            "reference_value": reference, "sense": inst.sense,
             "pre_imbalance": float(inst.num_replicas * inst.loads.max() - inst.loads.sum()),
+            "message": sol.message,
         }
         capacity = max(inst.num_replicas * float(inst.loads.max()), 1.0)
         for name in names:
@@ -79,51 +103,122 @@ def clairvoyant_gap_rows(
     instances: Sequence[ClairvoyantInstance], *, policies: Iterable[str] = ("br0",),
     solver: str = "clairvoyant-cpsat", time_limit_s: float = 60.0, gap_rel: float = 0.0,
     threads: int = 1, seed: int = 0, lp_bound: bool = False, progress: Progress = None,
+    params: dict[str, str] | None = None, log_dir: str | None = None,
+    export_dir: str | None = None, relaxation: str = "auto",
+    bound_time_limit_s: float | None = None, polish_iters: int = 100_000,
 ) -> list[dict[str, Any]]:
-    """Simulate each policy on each episode, solve the clairvoyant model (hinted with the best
-    policy's schedule) and compare Σ_k I(k) (or Σ τ) at decode-step resolution."""
+    """Simulate each policy on each episode, then find the best work-conserving schedule within
+    ``time_limit_s``: two thirds for the exact model (hinted / MIP-started with the best policy's
+    schedule; coarsened schedules repaired to be work-conserving per decode step), one third
+    for a local search from the better of the two (at most ``polish_iters`` neighbours). The
+    proven lower bound is the best of the solver's (q = 1), the LP relaxation (``lp_bound``),
+    the closed form and the relaxations named by ``relaxation`` (``aggregate``, ``migration``,
+    ``both``, ``none``; ``auto``: the aggregated one, plus the migration one where its exact DP
+    fits), CP-SAT ones within ``bound_time_limit_s`` (default ``time_limit_s``);
+    ``bound_method`` names the winner.
+    Policies' gaps are against the best schedule (``rel_gap``) and the bound (``gap_to_bound``)."""
+    from .aggregate_bound import METHODS, aggregate_bound
     from .bounds import clairvoyant_lp_bound, clairvoyant_trivial_bound
     from .bridge import simulate_schedule
+    from .incumbent import improve_schedule
+    from .migration import METHOD as MIGRATION_DP
+    from .migration import dp_fits, migration_bound_dp
 
     oracle = get_solver(solver)
     names = list(policies)
     rows: list[dict[str, Any]] = []
     for k, inst in enumerate(instances):
+        label = inst.name or f"episode{k}"
+        stem = _safe(f"{k:03d}-{label}")
         runs = {name: simulate_schedule(inst, name, seed=seed) for name in names}
         best = min(runs.values(), key=lambda r: r.metrics["objective"]) if runs else None
-        kwargs: dict[str, Any] = {}
-        if best is not None and solver == "clairvoyant-cpsat":
-            kwargs["hint"] = (best.replica, best.start)
-        sol = oracle.solve(inst, time_limit_s=time_limit_s, gap_rel=gap_rel, threads=threads,
-                           seed=seed, **kwargs)
+        opts = _solver_options({"params": params} if params else None, stem, log_dir, export_dir)
+        if best is not None:
+            opts["hint"] = (best.replica, best.start)
+        sol = oracle.solve(inst, time_limit_s=time_limit_s * 2 / 3, gap_rel=gap_rel,
+                           threads=threads, seed=seed, **opts)
         proven = sol.status == OPTIMAL and inst.step == 1
-        lp = clairvoyant_lp_bound(inst) if lp_bound and inst.step == 1 else math.nan
-        lower = np.nanmax([sol.bound, lp, clairvoyant_trivial_bound(inst)])
+        candidates = [(sol.objective, sol.replica, sol.start)] if sol.has_solution else []
+        if best is not None:
+            candidates.append((best.metrics["objective"], best.replica, best.start))
+        if not candidates:
+            raise ValueError(f"{label}: no schedule found (no policy and no solver incumbent)")
+        value, replica, start = min(candidates, key=lambda c: c[0])
+        polished = value
+        if not proven and polish_iters > 0:
+            replica, start, polished = improve_schedule(
+                inst, replica, start, max_iters=polish_iters, time_limit_s=time_limit_s / 3,
+                seed=seed)
+        reference = min(value, polished)
+        bounds = {"solver": sol.bound if inst.step == 1 else math.nan,
+                  "lp": clairvoyant_lp_bound(inst) if lp_bound and inst.step == 1 else math.nan,
+                  "closed form": clairvoyant_trivial_bound(inst)}
+        relaxed = [] if proven else _relaxations(relaxation, inst)
+        agg = None
+        for which in relaxed:
+            if which == "migration" and dp_fits(inst):
+                exact = migration_bound_dp(inst)
+                if exact is not None:
+                    bounds[MIGRATION_DP] = exact
+                    continue
+            agg = aggregate_bound(inst, time_limit_s=bound_time_limit_s or time_limit_s,
+                                  threads=threads, seed=seed, hint=start, relaxation=which,
+                                  **_solver_options(None, f"{stem}-{which}", log_dir, export_dir))
+            bounds[METHODS[which]] = agg.bound
+        finite = {m: b for m, b in bounds.items() if math.isfinite(b)}
+        method = max(finite, key=lambda m: finite[m]) if finite else "none"
+        lower = finite.get(method, math.nan)
+        if not lower > 0:
+            method = f"none above 0 (tried: {', '.join(finite) or 'nothing'})"
+        if proven:
+            lower, method = reference, "solver (proven optimal)"
         base = {
-            "instance": inst.name or f"episode{k}", "mode": "clairvoyant",
+            "instance": label, "mode": "clairvoyant",
             "objective": inst.objective, "replicas": inst.num_replicas, "slots": inst.slots,
             "requests": inst.num_requests, "step": inst.step, "model_steps": inst.model_horizon,
-            "solver": solver, "status": sol.status, "optimum": sol.objective,
-            "bound": float(lower), "solver_gap": sol.gap, "solve_s": sol.wall_s,
+            "solver": solver, "status": sol.status, "optimum": reference,
+            "solver_objective": sol.objective, "bound": float(lower), "bound_method": method,
+            "bound_share": float(lower / reference) if reference > 0 else math.nan,
+            "solver_gap": sol.gap, "solve_s": sol.wall_s,
+            "aggregate_status": agg.status if agg else "",
+            "aggregate_s": agg.wall_s if agg else 0.0,
             "model_objective": sol.info.get("model_objective", math.nan),
-            "model_bound": sol.info.get("model_bound", math.nan), "lp_bound": lp,
+            "model_bound": sol.info.get("model_bound", math.nan), "lp_bound": bounds["lp"],
             "reference": "optimum" if proven else "best schedule found",
+            "reference_value": reference, "sense": "min", "message": sol.message,
         }
         for name, run in runs.items():
-            value = run.metrics["objective"]
-            gap = heuristic_gap(value, sol.objective, "min")
-            rows.append({**base, "policy": name, "heuristic": value,
+            h = run.metrics["objective"]
+            gap = heuristic_gap(h, reference, "min")
+            rows.append({**base, "policy": name, "heuristic": h,
                          "makespan": run.metrics["makespan"],
-                         "abs_gap": value - sol.objective, "rel_gap": gap,
-                         "gap_to_bound": heuristic_gap(value, float(lower), "min"),
+                         "abs_gap": h - reference, "rel_gap": gap,
+                         "gap_to_bound": heuristic_gap(h, float(lower), "min"),
                          "beats_optimum": bool(proven and gap < -1e-9)})
         if progress is not None:
             progress()
     return rows
 
 
+def _relaxations(relaxation: str, inst: ClairvoyantInstance) -> list[str]:
+    """Which relaxations bound this episode. ``migration`` is solved by the exact DP when it
+    fits (``migration.dp_fits``), else by CP-SAT; ``auto`` is the aggregated relaxation plus
+    the migration one only when the DP fits."""
+    from .migration import dp_fits
+
+    choices = {"none": [], "aggregate": ["aggregate"], "migration": ["migration"],
+               "both": ["aggregate", "migration"]}
+    if relaxation == "auto":
+        return ["aggregate", "migration"] if dp_fits(inst) else ["aggregate"]
+    if relaxation not in choices:
+        raise ValueError(f"relaxation={relaxation!r} must be one of auto, {', '.join(choices)}")
+    return choices[relaxation]
+
+
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per policy: instances, mean / median / worst relative gap, share of instances where the
+    """Per policy: instances, mean / median / worst relative gap (the mean of ratios) and
+    ``sum_rel_gap`` = (Σ heuristic − Σ reference)/Σ|reference| (the ratio of sums, sign flipped
+    for maximisation; robust to instances whose reference is ≈ 0), share of instances where the
     policy is optimal (gap ≤ 1e-9), absolute and capacity gaps, solve times, how many
     references were proven and how many times the policy beat a proven optimum (must be 0)."""
     out = []
@@ -132,10 +227,16 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         gaps = np.array([r["rel_gap"] for r in mine], dtype=float)
         ok = gaps[np.isfinite(gaps)]
         cap = np.array([r.get("capacity_gap", math.nan) for r in mine], dtype=float)
+        pairs = np.array([(r["heuristic"], r["reference_value"]) for r in mine], dtype=float)
+        pairs = pairs[np.isfinite(pairs).all(axis=1)]
+        sign = -1.0 if mine[0].get("sense") == "max" else 1.0
+        denom = float(np.abs(pairs[:, 1]).sum()) if pairs.size else 0.0
         out.append({
             "policy": name, "instances": len(mine),
             "proven": sum(r["reference"] == "optimum" for r in mine),
             "mean_rel_gap": float(ok.mean()) if ok.size else math.nan,
+            "sum_rel_gap": (sign * float((pairs[:, 0] - pairs[:, 1]).sum()) / denom
+                            if denom > 0 else math.nan),
             "median_rel_gap": float(np.median(ok)) if ok.size else math.nan,
             "worst_rel_gap": float(ok.max()) if ok.size else math.nan,
             "share_optimal": float((ok <= 1e-9).mean()) if ok.size else math.nan,

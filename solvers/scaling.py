@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["integer_scale"]
+__all__ = ["inexact_scaling_message", "integer_scale", "step_time_weights"]
 
 
 def integer_scale(values: ArrayLike, *, max_scale: int = 1_000_000) -> tuple[int, bool]:
@@ -29,3 +29,23 @@ def integer_scale(values: ArrayLike, *, max_scale: int = 1_000_000) -> tuple[int
         if scale > max_scale:
             return max_scale, False
     return scale, True
+
+
+def inexact_scaling_message(*scales: int) -> str:
+    """What a CP-SAT solution means when :func:`integer_scale` could not scale exactly."""
+    return (f"inexact integer scaling (scales {', '.join(map(str, scales))}): the data were "
+            "rounded, so the schedule is optimal only for the rounded model and no bound is "
+            "proven for the exact one")
+
+
+def step_time_weights(busy: float, envelope: float) -> tuple[int, int, float, bool]:
+    """Integer weights for min busy·Σy_k + envelope·ΣM(k) (the ``step_time`` objective, busy =
+    b·q, envelope = a): ``(w_busy, w_env, unit, exact)`` with the true objective = unit × the
+    integer one; scaled by the weights' ratio, so exact when it is a short decimal."""
+    weights = np.array([busy, envelope], dtype=np.float64)
+    positive = weights[weights > 0]
+    if not positive.size:
+        return 0, 0, 1.0, True
+    scale, exact = integer_scale(weights / positive.min())
+    w_busy, w_env = np.rint(weights / positive.min() * scale).astype(np.int64)
+    return int(w_busy), int(w_env), float(positive.min()) / scale, exact

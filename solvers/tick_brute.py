@@ -8,6 +8,7 @@ against; refuses instances with more than ``max_candidates`` candidates.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import ClassVar
 
 import numpy as np
@@ -33,11 +34,15 @@ class TickBruteForceSolver:
         return True
 
     def solve(self, instance: TickInstance, *, time_limit_s: float = 10.0, gap_rel: float = 0.0,
-              threads: int = 1, seed: int = 0) -> Solution:
+              threads: int = 1, seed: int = 0, params: Mapping[str, str] | None = None,
+              log_path: str | None = None, export: str | None = None) -> Solution:
         """Enumerate, score and return the best assignment (ties: the first in enumeration
-        order). ``time_limit_s`` and the rest are accepted for the contract; it always finishes."""
+        order). ``time_limit_s`` and the rest are accepted for the contract; it always finishes.
+        It has no parameters, writes no log and has no model to export."""
         if not isinstance(instance, TickInstance):
             raise ValueError(f"{self.name} solves TickInstance, got {type(instance).__name__}")
+        if params:
+            raise ValueError(f"{self.name} takes no solver parameters, got {', '.join(params)}")
         check_solve_args(time_limit_s, gap_rel, threads)
         t0 = time.perf_counter()
         g_count, p_count = instance.num_replicas, instance.pool_size

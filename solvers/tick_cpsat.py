@@ -2,20 +2,24 @@
 
 CP-SAT needs integer data: margins are scaled by the smallest K making K·m integral and the
 objective weights α(1ᵀd), β·d_h by the smallest S making them integral (exact for integer loads
-and decimal γ, α, β; otherwise K, S = 10⁶ and the weights are rounded — ``info["exact_scaling"]``
-says which). The reported objective is always re-evaluated exactly from the assignment.
+and short decimal weights). Otherwise K, S = 10⁶ and the data are rounded: ``info["exact_scaling"]``
+is False, the status is at best ``feasible`` (optimal only for the rounded model), the bound is
+``nan`` and the message says so — e.g. γ = 0.9 with H ≥ 7, whose γ^7 needs seven decimals. The
+reported objective is always re-evaluated exactly from the assignment.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import ClassVar
 
 import numpy as np
 
 from .base import FEASIBLE, NO_SOLUTION, OPTIMAL, BackendSolver, Solution, check_solve_args
+from .cpsat_backend import export_cpsat, run_cpsat
 from .instances import TickInstance
-from .scaling import integer_scale
+from .scaling import inexact_scaling_message, integer_scale
 from .tick_eval import check_tick_assignment, tick_objective
 
 __all__ = ["TickCpSatSolver"]
@@ -29,8 +33,10 @@ class TickCpSatSolver(BackendSolver):
     requires: ClassVar[tuple[str, ...]] = ("ortools",)
 
     def solve(self, instance: TickInstance, *, time_limit_s: float = 10.0, gap_rel: float = 0.0,
-              threads: int = 1, seed: int = 0) -> Solution:
-        """Build the CP-SAT model, solve under the time limit, return objective and bound."""
+              threads: int = 1, seed: int = 0, params: Mapping[str, str] | None = None,
+              log_path: str | None = None, export: str | None = None) -> Solution:
+        """Build the CP-SAT model, solve under the time limit, return objective and bound
+        (``params``, ``log_path``, ``export``: see :class:`~balanceroute.solvers.base.Solver`)."""
         from ortools.sat.python import cp_model
 
         if not isinstance(instance, TickInstance):
@@ -80,12 +86,13 @@ class TickCpSatSolver(BackendSolver):
                 model.add(envelope >= delta[g] + int(loads[g]))
             model.minimize(g_count * envelope - sum(delta.values()))
 
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = time_limit_s
-        solver.parameters.relative_gap_limit = gap_rel
-        solver.parameters.num_workers = threads
-        solver.parameters.random_seed = seed
-        code = solver.solve(model)
+        if export is not None:  # objective in the instance's units, loads' constant included
+            if instance.objective == "f_score":
+                export_cpsat(model, export, scale=1.0 / (tok * obj))
+            else:
+                export_cpsat(model, export, scale=1.0 / tok, constant=-float(instance.loads.sum()))
+        solver, code = run_cpsat(model, time_limit_s=time_limit_s, gap_rel=gap_rel,
+                                 threads=threads, seed=seed, params=params, log_path=log_path)
 
         replica = np.full(p_count, -1, dtype=np.int64)
         value, message = float("nan"), ""
@@ -106,7 +113,12 @@ class TickCpSatSolver(BackendSolver):
             bound = solver.best_objective_bound / (tok * obj)
         else:
             bound = solver.best_objective_bound / tok - float(instance.loads.sum())
-        if status == OPTIMAL and gap_rel == 0.0 and exact_k and exact_s:
+        if not (exact_k and exact_s):
+            # The model solved has rounded data: its optimum and bound are not the instance's.
+            status = FEASIBLE if status == OPTIMAL else status
+            bound = float("nan")
+            message = (message + "; " if message else "") + inexact_scaling_message(tok, obj)
+        elif status == OPTIMAL and gap_rel == 0.0:
             bound = value
         return Solution(solver=self.name, status=status, sense=instance.sense, objective=value,
                         bound=bound, wall_s=time.perf_counter() - t0, replica=replica,

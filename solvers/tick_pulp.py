@@ -11,16 +11,17 @@ the hinge needs no binaries. Likewise M = max_g(L_g + Δ_g). See ``papers/formul
 from __future__ import annotations
 
 import time
-from typing import ClassVar, Literal
+from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
 
 from .base import BackendSolver, Solution, check_solve_args
 from .instances import TickInstance
-from .pulp_backend import PULP_BACKENDS, solve_pulp
+from .pulp_backend import PULP_BACKENDS, AnyPulpBackend, export_pulp, solve_pulp
 from .tick_eval import check_tick_assignment, tick_objective
 
-__all__ = ["TickCbcSolver", "TickHighsSolver", "build_tick_milp"]
+__all__ = ["TickCbcSolver", "TickHighsSolver", "TickPulpSolver", "build_tick_milp"]
 
 
 def build_tick_milp(instance: TickInstance):
@@ -82,16 +83,19 @@ def objective_constant(instance: TickInstance) -> float:
 
 
 class _PulpTickSolver(BackendSolver):
-    """Shared body of the CBC and HiGHS tick solvers."""
+    """Shared body of the PuLP tick solvers; ``backend`` is ``cbc``, ``highs`` or any PuLP
+    solver name (:class:`TickPulpSolver`)."""
 
     name: ClassVar[str]
-    backend: ClassVar[Literal["cbc", "highs"]]
+    backend: str
     problem: ClassVar[str] = "tick"
     requires: ClassVar[tuple[str, ...]]
 
     def solve(self, instance: TickInstance, *, time_limit_s: float = 10.0, gap_rel: float = 0.0,
-              threads: int = 1, seed: int = 0) -> Solution:
-        """Build the MILP, solve it under the time limit, return the exact objective and bound."""
+              threads: int = 1, seed: int = 0, params: Mapping[str, str] | None = None,
+              log_path: str | None = None, export: str | None = None) -> Solution:
+        """Build the MILP, solve it under the time limit, return the exact objective and bound
+        (``params``, ``log_path``, ``export``: see :class:`~balanceroute.solvers.base.Solver`)."""
         if not isinstance(instance, TickInstance):
             raise ValueError(f"{self.name} solves TickInstance, got {type(instance).__name__}")
         check_solve_args(time_limit_s, gap_rel, threads)
@@ -103,8 +107,11 @@ class _PulpTickSolver(BackendSolver):
                             objective=value, bound=value, wall_s=time.perf_counter() - t0,
                             replica=replica)
         prob, x = build_tick_milp(instance)
+        if export is not None:
+            export_pulp(prob, export, constant=objective_constant(instance))
         status, bound, message = solve_pulp(prob, self.backend, time_limit_s=time_limit_s,
-                                            gap_rel=gap_rel, threads=threads, seed=seed)
+                                            gap_rel=gap_rel, threads=threads, seed=seed,
+                                            params=params, log_path=log_path)
         value = float("nan")
         if status in ("optimal", "feasible"):
             for (i, g), var in x.items():
@@ -133,3 +140,9 @@ class TickHighsSolver(_PulpTickSolver):
     name = "tick-highs"
     backend = "highs"
     requires = PULP_BACKENDS["highs"]
+
+
+class TickPulpSolver(AnyPulpBackend, _PulpTickSolver):
+    """Per-tick MILP on any solver PuLP knows (``get_solver("tick-pulp:SCIP_PY")``)."""
+
+    name = "tick-pulp"

@@ -199,15 +199,21 @@ def column(
     return None
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def parse_int(value: Any, where: str, field: str) -> int:
-    """``value`` (text or JSON number) as an int; integral floats such as ``12.0`` are accepted."""
+    """``value`` (text or JSON number) as an int64; integral floats such as ``12.0`` are
+    accepted."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
+        return _in_range(value, where, field)
     if isinstance(value, str):
         try:
-            return int(value)
+            parsed = int(value)
         except ValueError:
             pass
+        else:
+            return _in_range(parsed, where, field)
     number = math.nan
     if not isinstance(value, bool):
         try:
@@ -216,7 +222,13 @@ def parse_int(value: Any, where: str, field: str) -> int:
             pass
     if not math.isfinite(number) or number != int(number):
         raise WorkloadError(f"{where}: field {field}: {value!r} is not an integer")
-    return int(number)
+    return _in_range(int(number), where, field)
+
+
+def _in_range(number: int, where: str, field: str) -> int:
+    if abs(number) > _INT64_MAX:
+        raise WorkloadError(f"{where}: field {field}: {number} is out of range (|n| < 2^63)")
+    return number
 
 
 def parse_float(value: Any, where: str, field: str) -> float:

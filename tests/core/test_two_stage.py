@@ -102,16 +102,17 @@ def test_tick_matches_literal_reference_horizon(instance, data):
     assert list(zip(got.pool_index.tolist(), got.replica.tolist())) == want
 
 
-def test_stage1_fills_the_emptiest_replica_with_the_largest_prompt():
+def test_stage1_gives_the_freest_replica_its_best_scoring_request():
     # G = 2, both empty with 4 free slots, S_greedy = 0 → Stage 1 throughout (while Σ free > 0).
-    # Step 1: tie on free slots, lower load → replica 0; margins 0 → F = s - 2s < 0, best = 100.
+    # 1) tie on free slots, lower load → replica 0; margins 0, so F(s) = s − 2s = −s: the
+    #    smallest prompt scores best → 100 to g0 (envelope M = 100).
+    # 2) g1 has more free slots (4 > 3); margin 100: F(200) = 200 − 2·100 = 0 beats
+    #    F(300) = 300 − 2·200 = −100 → 200 to g1 (M = 200).
+    # 3) tie at 3 free, lower load → g0, margin 100: only 300 is left → g0.
     got = two_stage_assign(
         np.zeros((2, 1)), np.array([4, 4]), np.array([100, 300, 200]), np.zeros(3),
         d=np.ones(1), alpha=1.0, beta=2.0, s_greedy=0, r_max=4, deadline_s=30.0,
     )
-    # then replica 1 (more free) takes 300 (margin 100: F(300) = 300 - 400 < F(100)=100; F(200) = 0)
-    # 100 → g0; g1 has 4 free: margin 100, F: 300→-100, 200→0 → 200 → g1; then g0 (4 > 3 → no:
-    # g0 has 3, g1 has 3 → tie → lower load g0 (100 < 200)), margin 100: 300 → -100 → g0.
     assert got.pool_index.tolist() == [0, 2, 1]
     assert got.replica.tolist() == [0, 1, 0]
 

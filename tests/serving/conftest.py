@@ -15,7 +15,8 @@ import pytest
 from balanceroute.core.simulator import StepModel
 from balanceroute.serving.config import ProxyConfig
 from balanceroute.serving.emulator import EmulatorConfig
-from balanceroute.serving.proxy import Proxy, create_proxy_app
+from balanceroute.serving.proxy import Proxy
+from balanceroute.serving.routes import create_proxy_app
 from balanceroute.serving.runner import EmulatorThread, ServerThread, bind_socket, start_emulator
 
 

@@ -7,6 +7,8 @@ import json
 import pytest
 
 from balanceroute.cli import build_parser, main
+from balanceroute.params import write_params
+from balanceroute.serving.cli import serve_config
 
 from .conftest import running_emulator
 
@@ -43,3 +45,39 @@ def test_loadgen_against_the_emulator(capsys) -> None:
     assert code == 0 and out["ok"] == 12 and out["errors"] == 0
     assert out["completion_tokens"] == out["emulator"]["generated_tokens"] > 0
     assert out["ttft_s_p50"] > 0 and out["emulator"]["steps"] > 0
+
+
+def test_serve_security_and_slo_flags_parse() -> None:
+    args = build_parser().parse_args([
+        "serve", "--kv-dialect", "none", "--decode", "http://a:1", "--api-key", "k", "--ttft-slo", "2.5",
+        "--admin-token-env", "ADMIN", "--upstream-api-key-env", "UP", "--max-model-len", "4096", "--metrics-urls"])
+    assert (args.client_api_key, args.ttft_slo_s, args.upstream_api_key_env) == ("k", 2.5, "UP")
+    assert args.max_model_len == 4096 and args.metrics_urls is True
+    assert build_parser().parse_args(["emulate", "--poison-word", "BAD"]).poison_word == "BAD"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["serve", "--kv-dialect", "none", "--decode", "http://a:1", "--ttft-slo", "-1"], "ttft_slo_s"),
+    (["serve", "--kv-dialect", "none", "--decode", "http://a:1", "--admin-token-env", "BR_UNSET_VAR_X"],
+     "admin_token_env"),
+])
+def test_bad_serve_security_settings_exit_2(argv, message, capsys) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_serve_takes_a_tune_params_file(tmp_path, capsys) -> None:
+    path = tmp_path / "brh.json"
+    write_params(path, "brh-survival", {"horizon": 40, "gamma": 0.95, "beta": 32.0, "s_greedy": 4},
+                 {"command": "tune"})
+    base = ["serve", "--kv-dialect", "none", "--decode", "http://a:1", "--params", str(path)]
+    config = serve_config(build_parser().parse_args(base))
+    # a brh-<predictor> file runs as brh (the proxy fits no predictor); --policy-param wins
+    assert config.policy == "brh" and dict(config.policy_params) == {
+        "horizon": 40, "gamma": 0.95, "beta": 32.0, "s_greedy": 4}
+    config = serve_config(build_parser().parse_args([*base, "--policy-param", "s_greedy=8"]))
+    assert config.policy_params["s_greedy"] == 8
+    assert main([*base, "--policy", "br0"]) == 2
+    err = capsys.readouterr().err
+    assert "is for 'brh-survival', but the proxy runs 'br0'" in err and "Traceback" not in err

@@ -11,7 +11,6 @@ from balanceroute.serving.protocol import (
     ApiError,
     approx_prompt_tokens,
     decode_body,
-    iter_sse,
     prefill_body,
     validate_request,
     words_prompt_tokens,
@@ -94,23 +93,6 @@ def test_prefill_and_decode_bodies() -> None:
     assert dec["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     assert "kv_transfer_params" not in decode_body(client, None)
     assert client["max_tokens"] == 9 and client["stream"] is True  # the client's body is untouched
-
-
-@pytest.mark.anyio
-async def test_iter_sse_reassembles_split_events() -> None:
-    raw = b'data: {"a": 1}\r\n\r\n: comment\n\ndata: {"b":\ndata: 2}\n\ndata: [DONE]\n\n'
-
-    async def chunks():
-        for i in range(0, len(raw), 5):
-            yield raw[i:i + 5]
-
-    got = [e async for e in iter_sse(chunks())]
-    assert got == [b'{"a": 1}', b'{"b":\n2}', b"[DONE]"]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def test_token_estimates() -> None:

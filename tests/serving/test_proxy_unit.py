@@ -318,7 +318,8 @@ async def test_pool_full_is_429_with_retry_after() -> None:
         assert_drained(proxy)
 
 
-async def test_lease_expiry_in_the_pool_is_503() -> None:
+async def test_lease_expiry_in_the_pool_is_503(policy=None) -> None:
+    """(``policy``: run the same scenario under another policy object.)"""
     hold = asyncio.Event()
 
     async def handler(request: httpx.Request) -> httpx.Response:
@@ -334,7 +335,7 @@ async def test_lease_expiry_in_the_pool_is_503() -> None:
         return httpx.Response(200, stream=ByteStream(gen()))
 
     config = pd_config(decode=[{"url": "http://d0:8000", "slots": 1}], kv_lease_s=0.3, lease_margin_s=0.1)
-    async with mock_proxy(config, handler) as (client, proxy):
+    async with mock_proxy(config, handler, policy=policy) as (client, proxy):
         first = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "x", "stream": True}))
         while not proxy.ledger.num_active.any():
             await asyncio.sleep(0.01)
@@ -364,7 +365,8 @@ async def test_unhealthy_replica_gets_no_requests_and_returns() -> None:
         for _ in range(4):
             assert (await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})).status_code == 200
         assert used == ["d1"] * 4
-        assert (await client.get("/status")).json()["replicas"][0]["available"] is False
+        assert proxy.status()["replicas"][0]["available"] is False
+        assert (await client.get("/status")).status_code == 403  # admin endpoints are off without a token
         down.clear()
         while not proxy.ledger.available[0]:
             await asyncio.sleep(0.01)
@@ -380,12 +382,43 @@ async def test_status_admin_token_and_metrics(monkeypatch: pytest.MonkeyPatch) -
         status = (await client.get("/status", headers={"Authorization": "Bearer s3cret"})).json()
         assert status["policy"] == "br0" and status["requests"]["finished"] == {"ok": 1}
         assert status["tick"]["count"] >= 1 and len(status["replicas"]) == 2
+        assert status["pool"]["oldest_wait_s"] == 0.0 and status["panic"] is False
         drained = await client.post("/admin/replicas/1/drain", headers={"Authorization": "Bearer s3cret"})
         assert drained.json()["available"] is False
         text = (await client.get("/metrics")).text
         for name in ("balanceroute_requests_total", "balanceroute_pool_size", "balanceroute_imbalance_tokens",
                      "balanceroute_replica_kv_load_tokens", "balanceroute_replica_running",
-                     "balanceroute_tick_seconds_bucket", "balanceroute_errors_total"):
+                     "balanceroute_tick_seconds_bucket", "balanceroute_errors_total",
+                     "balanceroute_pool_wait_seconds_bucket", "balanceroute_ttft_seconds_bucket",
+                     "balanceroute_relayed_tokens_total 3.0", "balanceroute_ejections_total"):
             assert name in text
         assert (await client.get("/health")).status_code == 200
+        assert_drained(proxy)
+
+
+async def test_without_prefill_the_prompt_estimate_is_replaced_by_decodes_usage() -> None:
+    hold = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        async def gen():
+            yield b'data: {"id": "x", "choices": [{"index": 0, "text": "", "finish_reason": null}], "usage": null}\n\n'
+            yield chunk(" t0", 1, prompt=37)
+            yield chunk(" t1", 2, prompt=37)
+            await hold.wait()
+            yield chunk(" t2", 3, prompt=37, finish="length")
+            yield b"data: [DONE]\n\n"
+
+        return httpx.Response(200, stream=ByteStream(gen()))
+
+    config = pd_config(kv_dialect="none", prefill=[])
+    async with mock_proxy(config, handler) as (client, proxy):
+        reply = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "x" * 400, "stream": True}))
+        for _ in range(1000):  # the estimate 100 (400 bytes / 4) becomes 37, plus 2 tokens
+            if proxy.ledger.loads.sum() == 37 + 2:
+                break
+            await asyncio.sleep(0.01)
+        assert proxy.ledger.loads.sum() == 37 + 2
+        hold.set()
+        got = events((await reply).content)
+        assert "".join(e["choices"][0]["text"] for e in got[:-1]) == " t0 t1 t2"
         assert_drained(proxy)

@@ -10,6 +10,10 @@ import pytest
 from balanceroute.cli import main
 from balanceroute.solvers.factories import random_tick_instance
 from balanceroute.solvers.gap import heuristic_gap, summarize, tick_gap_rows
+from tests.solvers.extras import needs
+
+pytestmark = needs("ortools", "pulp", "highspy", "cvxpy")
+
 
 
 def test_heuristic_gap_signs() -> None:
@@ -32,27 +36,71 @@ def test_cli_tick_random_with_csv_and_roundtrip(tmp_path, capsys) -> None:
     out = tmp_path / "gaps.csv"
     saved = tmp_path / "inst"
     assert main(["gap", "--instances", "3", "--replicas", "3", "--pool", "6", "--csv", str(out),
-                 "--save", str(saved), "--no-progress"]) == 0
+                 "--save", str(saved), "--quiet"]) == 0
     text = capsys.readouterr().out
     assert "summary (tick" in text and "br0" in text
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == 3 * 6  # br0 + five baselines
     files = sorted(saved.glob("*.json"))
     assert len(files) == 3
-    assert main(["gap", "--load", *map(str, files), "--policies", "br0", "--no-progress",
-                 "--quiet"]) == 0
+    assert main(["gap", "--load", *map(str, files), "--policies", "br0", "--quiet",
+                 "--summary-only"]) == 0
     assert "summary (tick" in capsys.readouterr().out
 
 
 def test_cli_clairvoyant_random(capsys) -> None:
     assert main(["gap", "--mode", "clairvoyant", "--instances", "1", "--requests", "5",
                  "--replicas", "2", "--slots", "2", "--policies", "br0,least_load",
-                 "--time-limit", "20", "--no-progress", "--lp-bound"]) == 0
+                 "--time-limit", "20", "--quiet", "--lp-bound"]) == 0
     assert "summary (clairvoyant" in capsys.readouterr().out
 
 
 def test_cli_user_errors(capsys) -> None:
-    assert main(["gap", "--policies", "nope", "--no-progress"]) == 2
+    assert main(["gap", "--policies", "nope", "--quiet"]) == 2
     assert "unknown policy" in capsys.readouterr().err
-    assert main(["gap", "--solver", "clairvoyant-cpsat", "--no-progress"]) == 2
+    assert main(["gap", "--solver", "clairvoyant-cpsat", "--quiet"]) == 2
     assert "does not solve tick" in capsys.readouterr().err
+
+
+def test_cli_clairvoyant_toolkit(tmp_path, capsys) -> None:
+    logs, models = tmp_path / "logs", tmp_path / "models"
+    assert main(["gap", "--mode", "clairvoyant", "--instances", "1", "--requests", "4",
+                 "--replicas", "2", "--slots", "1", "--policies", "br0,jsq", "--step", "1",
+                 "--time-limit", "30", "--solver-param", "max_deterministic_time=20",
+                 "--solver-log", str(logs), "--export", str(models)]) == 0
+    captured = capsys.readouterr()
+    assert "proven lower bounds" in captured.out and "sum_rel_gap" in captured.out
+    assert "\r" not in captured.err  # no progress-bar frames when stderr is not a terminal
+    assert "gap clairvoyant: 1/1 instances" in captured.err
+    assert list(logs.glob("*.log")) and list(models.glob("*.cpsat.pb.txt"))
+
+
+def test_cli_solver_param_errors(capsys) -> None:
+    assert main(["gap", "--instances", "1", "--pool", "3", "--solver-param", "oops",
+                 "--quiet"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+    assert main(["gap", "--instances", "1", "--pool", "3", "--solver-param", "nope=1",
+                 "--quiet"]) == 2
+    assert "no parameter 'nope'" in capsys.readouterr().err
+
+
+def test_cli_tick_export_with_highs(tmp_path) -> None:
+    pytest.importorskip("highspy", reason="HiGHS (highspy) is not installed")
+    assert main(["gap", "--instances", "2", "--pool", "4", "--solver", "tick-highs",
+                 "--export", str(tmp_path), "--quiet", "--summary-only"]) == 0
+    assert len(list(tmp_path.glob("*.mps"))) == 2 and len(list(tmp_path.glob("*.lp"))) == 2
+
+
+def test_cli_loads_the_benchmark_library(tmp_path, capsys) -> None:
+    import json
+
+    from balanceroute.solvers.benchmarks import load_benchmarks
+
+    inst, rec = load_benchmarks()[0]
+    lib = tmp_path / "lib.json"
+    lib.write_text(json.dumps({"records": [rec]}))
+    out = tmp_path / "rows.csv"
+    assert main(["gap", "--load", str(lib), "--policies", "br0", "--time-limit", "30",
+                 "--quiet", "--summary-only", "--csv", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert float(rows[0]["optimum"]) == rec["optimum"] and rows[0]["reference"] == "optimum"

@@ -70,3 +70,26 @@ def test_load_rejects_unknown_fields(tmp_path) -> None:
     path.write_text('{"kind": "nope"}')
     with pytest.raises(ValueError, match="'kind'"):
         load_instance(path)
+
+
+def test_shipped_benchmarks_hold_their_proven_optima() -> None:
+    pytest.importorskip("ortools", reason="the solvers extra (OR-Tools) is not installed")
+    from balanceroute.solvers import get_solver
+    from balanceroute.solvers.benchmarks import load_benchmarks
+    from balanceroute.solvers.clairvoyant_eval import evaluate_schedule
+    from balanceroute.solvers.migration import migration_bound_dp
+
+    records = load_benchmarks()
+    assert len(records) >= 30
+    checked = 0
+    for inst, rec in records:
+        assert rec["bound"] <= rec["incumbent"]
+        assert rec["optimum"] is None or rec["bound"] == rec["incumbent"] == rec["optimum"]
+        assert rec.get("migration_bound", 0.0) <= rec["incumbent"]
+        if inst.num_requests <= 5:  # tiny: re-prove the optimum
+            sol = get_solver("clairvoyant-cpsat").solve(inst, time_limit_s=60)
+            assert sol.status == "optimal" and sol.objective == rec["optimum"]
+            assert evaluate_schedule(inst, sol.replica, sol.start)["objective"] == rec["optimum"]
+        elif inst.num_requests == 8 and checked < 2:  # two of the migration bounds, re-derived
+            assert migration_bound_dp(inst) == rec["migration_bound"]
+            checked += 1

@@ -10,6 +10,10 @@ from balanceroute.solvers import get_solver
 from balanceroute.solvers.bounds import tick_lp_bound, tick_trivial_bound
 from balanceroute.solvers.factories import tiny_tick_instance
 from balanceroute.solvers.tick_eval import policy_tick, tick_objective
+from tests.solvers.extras import needs
+
+pytestmark = needs("ortools", "pulp", "highspy", "cvxpy")
+
 
 EXACT = ("tick-cbc", "tick-highs", "tick-cpsat")
 N_INSTANCES = 60

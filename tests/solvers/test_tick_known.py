@@ -6,10 +6,14 @@ import numpy as np
 import pytest
 
 from balanceroute.core.model import imbalance
-from balanceroute.solvers import TickInstance, get_solver, solver_names
+from balanceroute.solvers import SOLVERS, TickInstance, get_solver, solver_names
 from balanceroute.solvers.tick_eval import f_score_sum, policy_tick, post_tick_imbalance
 
-TICK_SOLVERS = solver_names("tick")
+TICK_SOLVERS = [
+    pytest.param(n, marks=pytest.mark.skipif(not SOLVERS[n].is_available(),
+                                              reason=f"{n}: the solvers extra is not installed"))
+    for n in solver_names("tick")
+]
 
 
 def test_design_worked_example_loads_10_7_6_5() -> None:
@@ -70,6 +74,7 @@ def test_heuristic_matches_known_optimum() -> None:
 
 
 def test_an_incumbent_meeting_its_bound_counts_as_optimal() -> None:
+    pytest.importorskip("pulp", reason="the solvers extra (PuLP) is not installed")
     from balanceroute.solvers.pulp_backend import _gap_closed
 
     assert _gap_closed(3.0, 3.0, 0.0)

@@ -1,0 +1,367 @@
+"""Relaying decode's SSE stream: cheap byte scanning on the hot path, full JSON only where needed.
+
+Per event the ledger needs ``usage.completion_tokens`` (a_i), whether a choice finished, and
+whether the event is an error; the client needs the event as it asked for it (usage stripped or
+nulled when it did not ask for per-chunk usage). All of that is read from the bytes:
+
+* In JSON text an unescaped ``"`` always delimits a string, so ``,"usage":`` (or
+  ``{"usage":``) can only be an object key, never string content; likewise ``"finish_reason"``
+  and ``"choices":[]``. vLLM's usage object holds numbers, ``null`` and flat objects only, so its
+  extent is found by counting braces.
+* Events that may be errors (the bytes ``"error"`` or ``recomputed`` occur anywhere) are parsed
+  in full and judged exactly; so are events before the first token, and every event of a
+  non-streamed response (it is assembled from them).
+
+Unchanged events are forwarded as the bytes that came in, all complete events of an upstream
+read in one write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import httpx
+from fastapi.responses import StreamingResponse
+
+__all__ = ["Assembler", "DecodeStream", "Event", "RelayResponse", "StreamBroken", "event_error",
+           "has_token"]
+
+_USAGE_KEY = re.compile(rb'[{,]\s*"usage"\s*:\s*')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_FINISH = re.compile(rb'[{,]\s*"finish_reason"\s*:\s*(n?)')
+_NO_CHOICES = re.compile(rb'[{,]\s*"choices"\s*:\s*\[\s*\]')
+_DONE = b"[DONE]"
+
+
+class StreamBroken(Exception):
+    """Decode's stream broke or broke protocol; ``kind`` is the metrics label."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def event_error(obj: dict) -> str | None:
+    """The message of an in-stream error event, if ``obj`` is one."""
+    err = obj.get("error")
+    if isinstance(err, dict):
+        return str(err.get("message", err))
+    if err is not None:
+        return str(err)
+    if obj.get("object") == "error":
+        return str(obj.get("message", "error"))
+    for choice in obj.get("choices") or ():
+        if isinstance(choice, dict) and choice.get("stop_reason") == "recomputed":
+            return "decode replica preempted the request (stop_reason=recomputed)"
+    return None
+
+
+def has_token(obj: dict) -> bool:
+    """Whether a parsed chunk carries generated output (or a finish)."""
+    usage = obj.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int) and usage["completion_tokens"] >= 1:
+        return True
+    for choice in obj.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        if choice.get("finish_reason") is not None or choice.get("text"):
+            return True
+        delta = choice.get("delta") or {}
+        if isinstance(delta, dict) and (delta.get("content") or delta.get("reasoning_content")
+                                        or delta.get("tool_calls")):
+            return True
+    return False
+
+
+class Event:
+    """One decode event as scanned from its bytes (``raw`` is the JSON, no ``data: ``)."""
+
+    __slots__ = ("raw", "done", "completion_tokens", "finished", "usage_span", "obj")
+
+    def __init__(self, raw: bytes, *, parse: bool) -> None:
+        self.raw = raw
+        self.done = raw == _DONE
+        self.completion_tokens: int | None = None
+        self.finished = False
+        self.usage_span: tuple[int, int, int] | None = None  # (key start, value start, value end)
+        self.obj: dict | None = None
+        if self.done:
+            return
+        if parse or b'"error"' in raw or b"recomputed" in raw:
+            self._parse()
+        elif not (raw[:1] == b"{" and raw[-1:] == b"}"):
+            raise StreamBroken("decode_protocol", f"decode sent a non-JSON event: {raw[:80]!r}")
+        at = raw.rfind(b',"usage":')  # vLLM's compact form, usage last
+        if at >= 0:
+            key, start = at, at + 9
+        else:  # other spacing or order; a string value "usage" never matches the key pattern
+            m = _USAGE_KEY.search(raw) if b'"usage"' in raw else None
+            key, start = (m.start(), m.end()) if m is not None else (-1, -1)
+        if key >= 0:
+            end = _object_end(raw, start)
+            self.usage_span = (key, start, end)
+            if end - start > 4:
+                at = raw.find(b'"completion_tokens":', start, end)
+                if at >= 0:  # int() takes the digits as bytes and ignores surrounding spaces
+                    stop = raw.find(b",", at + 20, end)
+                    with contextlib.suppress(ValueError):
+                        self.completion_tokens = int(raw[at + 20:stop if stop >= 0 else end - 1])
+                else:
+                    m = _COMPLETION.search(raw, start, end)
+                    if m is not None:
+                        self.completion_tokens = int(m.group(1))
+        at = raw.find(b'"finish_reason":')
+        if at > 0 and raw[at - 1] in b",{":
+            self.finished = raw[at + 16:at + 17] not in (b"n", b" ")
+            if raw[at + 16:at + 17] == b" ":
+                m = _FINISH.search(raw)
+                self.finished = m is not None and not m.group(1)
+        else:
+            m = _FINISH.search(raw)
+            self.finished = m is not None and not m.group(1)
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """``usage.prompt_tokens``, if the event has usage."""
+        if self.usage_span is None:
+            return None
+        _, start, end = self.usage_span
+        m = _PROMPT.search(self.raw, start, end)
+        return int(m.group(1)) if m is not None else None
+
+    def _parse(self) -> None:
+        try:
+            obj = json.loads(self.raw)
+        except (ValueError, UnicodeDecodeError):
+            raise StreamBroken("decode_protocol", f"decode sent a non-JSON event: {self.raw[:80]!r}") from None
+        if not isinstance(obj, dict):
+            raise StreamBroken("decode_protocol", "decode sent a non-object event")
+        self.obj = obj
+
+    def parsed(self) -> dict:
+        """The event as a dict (parsed on first use)."""
+        if self.obj is None:
+            self._parse()
+        return self.obj  # type: ignore[return-value]
+
+    def error(self) -> str | None:
+        """The in-stream error message, if this event is one (exact: parsed when suspect)."""
+        return None if self.obj is None else event_error(self.obj)
+
+    def for_client(self, include_usage: bool, continuous: bool) -> bytes | None:
+        """The JSON the client gets: as it came, with usage nulled (``include_usage`` only) or
+        removed (no usage asked), or ``None`` for the final usage-only chunk it did not ask for."""
+        span = self.usage_span
+        if span is None or continuous:
+            return self.raw
+        raw = self.raw
+        if b'"choices":[]' in raw or (b"[]" in raw and _NO_CHOICES.search(raw) is not None):
+            return raw if include_usage else None
+        key, start, end = span
+        if raw[start:end] == b"null":
+            return raw if include_usage else _cut_key(raw, key, end)
+        if include_usage:
+            return raw[:start] + b"null" + raw[end:]
+        return _cut_key(raw, key, end)
+
+
+def _object_end(raw: bytes, start: int) -> int:
+    """End of the value at ``start``: ``null``/a number, or a string-free object."""
+    if raw[start:start + 1] != b"{":
+        stop = start
+        while stop < len(raw) and raw[stop:stop + 1] not in (b",", b"}", b" "):
+            stop += 1
+        return stop
+    depth, i = 1, start + 1
+    while depth:
+        close = raw.find(b"}", i)
+        if close < 0:
+            return len(raw)
+        opened = raw.find(b"{", i, close)
+        if opened < 0:
+            depth -= 1
+            i = close + 1
+        else:
+            depth += 1
+            i = opened + 1
+    return i
+
+
+def _cut_key(raw: bytes, key: int, end: int) -> bytes:
+    """``raw`` without the member starting at ``key`` (its ``,`` or ``{``) and ending at ``end``."""
+    if raw[key:key + 1] == b",":
+        return raw[:key] + raw[end:]
+    rest = raw[end:].lstrip()
+    return raw[:key + 1] + (rest[1:] if rest[:1] == b"," else rest)
+
+
+class DecodeStream:
+    """An open decode response read as :class:`Event` batches (one batch per upstream read)."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        encoded = response.headers.get("content-encoding", "identity") not in ("", "identity")
+        raw = not encoded and not response.is_stream_consumed  # one generator layer less per read
+        self._chunks = response.aiter_raw() if raw else response.aiter_bytes()
+        self._buf = b""
+        self.buffered: list[Event] = []
+        self.finished = False
+        self.ended = False
+
+    async def next_batch(self, *, parse: bool = False) -> list[Event]:
+        """The complete events of the next upstream read (``[]`` once the stream has ended)."""
+        while not self.ended:
+            try:
+                chunk = await self._chunks.__anext__()
+            except StopAsyncIteration:
+                self.ended = True
+                tail = self._buf.strip()
+                self._buf = b""
+                return self._frame([tail + b"\n\n"], parse) if tail else []
+            if not chunk:
+                continue
+            buf = self._buf + chunk if self._buf else chunk
+            if b"\r" in buf:  # CRLF line ends (possibly split across reads)
+                buf = buf.replace(b"\r\n", b"\n")
+            cut = buf.rfind(b"\n\n")
+            if cut < 0:
+                self._buf = buf
+                continue
+            self._buf = buf[cut + 2:]
+            events = self._frame(buf[:cut].split(b"\n\n"), parse)
+            if events:
+                return events
+        return []
+
+    def _frame(self, blocks: list[bytes], parse: bool) -> list[Event]:
+        out = []
+        for block in blocks:
+            if block.startswith(b"data: ") and b"\n" not in block:
+                data = block[6:]
+            else:  # comments, other fields, multi-line data
+                lines = [line[5:].lstrip(b" ") for line in block.strip().split(b"\n") if line.startswith(b"data:")]
+                if not lines:
+                    continue
+                data = b"\n".join(lines)
+            event = Event(data.strip(), parse=parse)
+            self.finished = self.finished or event.finished
+            out.append(event)
+        return out
+
+    async def aclose(self) -> None:
+        """Close the upstream response (vLLM aborts the request)."""
+        with anyio.CancelScope(shield=True):
+            with contextlib.suppress(Exception):
+                await self._chunks.aclose()  # type: ignore[attr-defined]
+            with contextlib.suppress(Exception):
+                await self.response.aclose()
+
+
+class RelayResponse(StreamingResponse):
+    """A streaming response that always runs ``on_close`` (close upstream, end the ticket)
+    however the client goes away — even if the body generator never started."""
+
+    def __init__(self, content: AsyncIterator[bytes], *, on_close: Callable[[], Awaitable[None]],
+                 headers: dict[str, str]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self._on_close = on_close
+
+    async def discard(self) -> None:
+        """Release everything without sending."""
+        with anyio.CancelScope(shield=True):
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            await self._on_close()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.discard()
+
+
+def _merge_logprobs(acc: dict[str, Any] | None, part: Any) -> dict[str, Any] | None:
+    """Concatenate streamed logprobs: chat ``{"content": [...]}``, completions
+    ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` lists."""
+    if not isinstance(part, dict):
+        return acc
+    acc = acc if acc is not None else {}
+    for key, value in part.items():
+        if isinstance(value, list):
+            acc.setdefault(key, []).extend(value)
+        elif key not in acc or acc[key] is None:
+            acc[key] = value
+    return acc
+
+
+class Assembler:
+    """Builds a non-streaming (chat) completion from decode's chunks: text or message content,
+    reasoning content, tool calls (merged by index), logprobs, finish reason and final usage."""
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.logprobs: dict[str, Any] | None = None
+        self.meta: dict[str, Any] = {}
+        self.finish_reason: Any = None
+        self.stop_reason: Any = None
+        self.usage: Any = None
+
+    def add(self, obj: dict) -> None:
+        """Fold one parsed chunk in."""
+        for key in ("id", "created", "model", "system_fingerprint"):
+            if key in obj and key not in self.meta:
+                self.meta[key] = obj[key]
+        if obj.get("usage"):
+            self.usage = obj["usage"]
+        for choice in obj.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            if self.chat:
+                delta = choice.get("delta") or {}
+                if delta.get("content"):
+                    self.text.append(delta["content"])
+                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                if reasoning:
+                    self.reasoning.append(reasoning)
+                for call in delta.get("tool_calls") or ():
+                    slot = self.tool_calls.setdefault(call.get("index", 0), {
+                        "id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+                    if call.get("id"):
+                        slot["id"] = call["id"]
+                    fn = call.get("function") or {}
+                    slot["function"]["name"] += fn.get("name") or ""
+                    slot["function"]["arguments"] += fn.get("arguments") or ""
+            elif choice.get("text"):
+                self.text.append(choice["text"])
+            self.logprobs = _merge_logprobs(self.logprobs, choice.get("logprobs"))
+            if choice.get("finish_reason") is not None:
+                self.finish_reason = choice["finish_reason"]
+                self.stop_reason = choice.get("stop_reason")
+
+    def result(self) -> dict[str, Any]:
+        """The assembled ``chat.completion`` / ``text_completion``."""
+        text = "".join(self.text)
+        if self.chat:
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.reasoning:
+                message["reasoning_content"] = "".join(self.reasoning)
+            if self.tool_calls:
+                message["tool_calls"] = [self.tool_calls[k] for k in sorted(self.tool_calls)]
+            choice: dict[str, Any] = {"index": 0, "message": message}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text}
+            obj = "text_completion"
+        choice.update(logprobs=self.logprobs, finish_reason=self.finish_reason, stop_reason=self.stop_reason)
+        return {"id": self.meta.get("id", ""), "object": obj,
+                "created": self.meta.get("created", int(time.time())),
+                "model": self.meta.get("model", ""), "choices": [choice], "usage": self.usage}

@@ -1,0 +1,195 @@
+"""A lower bound on the clairvoyant optimum that survives replica symmetry: the aggregated
+replica-free model, solved by CP-SAT at decode-step resolution.
+
+Why the time-indexed model's bound is 0 (``papers/optimality.md``): spreading each request's
+start evenly over the G identical replicas is LP-feasible with every replica at the mean load.
+The *migration relaxation* drops the replica binding instead (active requests may be
+re-partitioned among the replicas at every step; start times and work conservation stay
+decisions), and this model relaxes it once more by letting the partition be fractional except
+for whole requests — the envelope of a step is then McNaughton's preemptive makespan,
+max(largest active load, mean load):
+
+    x_{i,t} ∈ {0,1}                        request i starts at decode step t ∈ [r_i, T − o_i]
+    a_i(k), ℓ_i(k)                         i active at k, its load s_i + (k − t_i) (0 if not)
+    M(k) ≥ ℓ_i(k)  ∀i                      a replica holds every active request whole
+    G·M(k) ≥ Σ_i ℓ_i(k)                    the envelope is at least the mean load
+    Σ_i a_i(k) ≤ G·B                       slots
+    Σ_i a_i(k) ≥ G·B·w_k,  1 − S_i(k) ≤ w_k   work conservation (S_i(k): i started by k)
+    min G·Σ_k M(k) − C   (or Σ_k b·y_k + a·M(k) for step_time)
+
+Every bound-for-life, work-conserving schedule is feasible here with M(k) its own envelope
+(integer, ≥ every active load, ≥ the mean), so the optimum — and CP-SAT's proven bound on it,
+whenever it stops — is a lower bound on the true clairvoyant optimum. a and ℓ are kept linear
+by recurrences over k (a_i(k) = a_i(k−1) + x_{i,k} − x_{i,k−o_i}, and the same for ℓ), so the
+model has O(n·T) small constraints and no replica index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .cpsat_backend import export_cpsat, run_cpsat
+from .instances import ClairvoyantInstance
+from .scaling import step_time_weights
+
+__all__ = ["METHODS", "AggregateBound", "aggregate_bound"]
+
+#: How ``gap`` names each relaxation's bound.
+METHODS = {"aggregate": "aggregated replica-free relaxation (CP-SAT)",
+           "migration": "migration relaxation (CP-SAT)"}
+
+
+@dataclass(slots=True, kw_only=True)
+class AggregateBound:
+    """``bound``: a proven lower bound on the clairvoyant optimum (``nan`` if CP-SAT proved
+    nothing); ``relaxation``: the best value CP-SAT found for the relaxed model (≥ ``bound``);
+    ``status``: CP-SAT's status name; ``wall_s`` seconds."""
+
+    bound: float
+    relaxation: float
+    status: str
+    wall_s: float
+    method: str = METHODS["aggregate"]
+
+
+def _partition(model: Any, k: int, active: list, loads: list, tops: list, env: Any,
+               g_count: int, slots: int) -> None:
+    """The migration relaxation's step k: the active requests are partitioned among the G
+    replicas afresh (y_{igk}), at most B each, and M(k) is at least every part's load. Replica
+    labels are free at every step, so the parts are ordered by load (symmetry breaking)."""
+    part_loads = []
+    for g in range(g_count):
+        terms = []
+        for i, (a_k, l_k) in enumerate(zip(active, loads, strict=True)):
+            y = model.new_bool_var(f"y_{i}_{g}_{k}")
+            p = model.new_int_var(0, tops[i], f"p_{i}_{g}_{k}")
+            model.add_implication(y, a_k)
+            model.add(p == l_k).only_enforce_if(y)
+            model.add(p == 0).only_enforce_if(y.Not())
+            terms.append((y, p))
+        load = model.new_int_var(0, sum(tops), f"L_{g}_{k}")
+        model.add(load == sum(p for _, p in terms))
+        # A replica holds at most B requests; the envelope is at least its load.
+        model.add(sum(y for y, _ in terms) <= slots)
+        model.add(env >= load)
+        part_loads.append((load, [y for y, _ in terms]))
+    for i, a_k in enumerate(active):
+        # Every active request is in exactly one part.
+        model.add(sum(ys[i] for _, ys in part_loads) == a_k)
+    for (upper, _), (lower, _) in zip(part_loads, part_loads[1:]):
+        model.add(upper >= lower)
+
+
+def aggregate_bound(
+    instance: ClairvoyantInstance, *, time_limit_s: float = 60.0, threads: int = 1, seed: int = 0,
+    hint: NDArray | None = None, relaxation: str = "aggregate",
+    params: Mapping[str, str] | None = None, log_path: str | None = None,
+    export: str | None = None,
+) -> AggregateBound:
+    """Solve the relaxed model of ``instance`` (at decode-step resolution whatever its
+    ``step``); ``hint``: start steps of a known work-conserving schedule (e.g. a policy's).
+    ``relaxation``: ``"aggregate"`` (envelope ≥ max(largest active load, mean): small, any
+    size) or ``"migration"`` (an exact partition of the active requests among the replicas at
+    every step: stronger, n·G·T more variables, for small episodes)."""
+    if relaxation not in ("aggregate", "migration"):
+        raise ValueError(f"relaxation={relaxation!r} must be 'aggregate' or 'migration'")
+    from ortools.sat.python import cp_model
+
+    t0 = time.perf_counter()
+    inst = dataclasses.replace(instance, step=1)
+    n, g_count, cap = inst.num_requests, inst.num_replicas, inst.num_replicas * inst.slots
+    horizon = inst.model_horizon
+    s, o, r = (a.astype(np.int64) for a in (inst.prompt_len, inst.output_len, inst.release))
+    last = horizon - o
+    model = cp_model.CpModel()
+
+    # Variables: start indicators, and per active step the activity, load and "started" flags.
+    x = [{t: model.new_bool_var(f"x_{i}_{t}") for t in range(int(r[i]), int(last[i]) + 1)}
+         for i in range(n)]
+    active: list[list[Any]] = [[] for _ in range(horizon)]
+    loads: list[list[Any]] = [[] for _ in range(horizon)]
+    tops: list[list[int]] = [[] for _ in range(horizon)]  # each load's upper bound s_i + o_i − 1
+    peak = int(inst.slots * (s + o).max())  # B requests on one replica
+    env = [model.new_int_var(0, peak, f"M_{k}") for k in range(horizon)]
+    waiting = ([model.new_bool_var(f"w_{k}") for k in range(horizon)]
+               if inst.work_conserving else None)
+    for i in range(n):
+        # Every request starts exactly once.
+        model.add_exactly_one(x[i].values())
+        a_prev: Any = 0
+        l_prev: Any = 0
+        started: Any = 0
+        for k in range(int(r[i]), horizon):
+            begin = x[i].get(k, 0)
+            end = x[i].get(k - int(o[i]), 0)
+            a_k = model.new_bool_var(f"a_{i}_{k}")
+            l_k = model.new_int_var(0, int(s[i] + o[i] - 1), f"l_{i}_{k}")
+            # Activity and load recurrences: start adds s_i, each running step adds 1, the end
+            # removes the last load s_i + o_i − 1.
+            model.add(a_k == a_prev + begin - end)
+            model.add(l_k == l_prev + a_prev - end + int(s[i]) * begin
+                      - int(s[i] + o[i] - 1) * end)
+            # The envelope holds every active request whole.
+            model.add(env[k] >= l_k)
+            active[k].append(a_k)
+            loads[k].append(l_k)
+            tops[k].append(int(s[i] + o[i] - 1))
+            if waiting is not None and k < last[i]:
+                s_k = model.new_bool_var(f"S_{i}_{k}")
+                model.add(s_k == started + begin)
+                # Work conservation: if i has not started by k, every slot is busy at k.
+                model.add_implication(s_k.Not(), waiting[k])
+                started = s_k
+            a_prev, l_prev = a_k, l_k
+    for k in range(horizon):
+        # The envelope is at least the mean load; slots.
+        model.add(g_count * env[k] >= sum(loads[k]))
+        model.add(sum(active[k]) <= cap)
+        if waiting is not None:
+            model.add(sum(active[k]) >= cap * waiting[k])
+        if relaxation == "migration":
+            _partition(model, k, active[k], loads[k], tops[k], env[k], g_count, inst.slots)
+
+    total = int((o * s + o * (o - 1) // 2).sum())
+    if inst.objective == "imbalance":
+        model.minimize(sum(env))
+        scale, constant = float(g_count), float(-total)
+    else:
+        w_busy, w_env, unit, exact = step_time_weights(inst.step_b, inst.step_a)
+        busy = [model.new_bool_var(f"y_{k}") for k in range(horizon)]
+        for k in range(horizon):
+            for a_k in active[k]:
+                model.add_implication(a_k, busy[k])
+        model.minimize(sum(w_busy * busy[k] + w_env * env[k] for k in range(horizon)))
+        scale, constant = unit, 0.0
+    if hint is not None:
+        for i, t0_i in enumerate(np.asarray(hint, dtype=np.int64)):
+            for t, var in x[i].items():
+                model.add_hint(var, int(t == t0_i))
+    if export is not None:
+        export_cpsat(model, export, scale=scale, constant=constant)
+
+    solver, code = run_cpsat(model, time_limit_s=time_limit_s, gap_rel=0.0, threads=threads,
+                             seed=seed, params=params, log_path=log_path)
+    status = solver.status_name(code)
+    if code == cp_model.INFEASIBLE:
+        raise ValueError("the aggregated relaxation is infeasible: so is the instance")
+    bound = math.nan
+    value = math.nan
+    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        value = scale * solver.objective_value + constant
+    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
+        bound = scale * solver.best_objective_bound + constant
+    if inst.objective == "step_time" and not exact:
+        bound = math.nan  # rounded weights: the bound is the rounded model's
+    bound = max(bound, 0.0) if math.isfinite(bound) else bound
+    return AggregateBound(bound=float(bound), relaxation=float(value), status=status,
+                          wall_s=time.perf_counter() - t0, method=METHODS[relaxation])
