@@ -270,34 +270,38 @@ def _routers(mapping: dict[str, Any], exe: str | None) -> list[tuple[str, Any]]:
 
 def bench_peer(quick: bool, exe: str | None) -> dict[str, Any]:
     """balanceroute serve and vllm-router, one after the other, in front of the same emulated
-    decode cluster (G = 4, 20 ms steps, chunks stamped), in rounds (direct, ours, peer; 3 rounds,
-    1 with ``quick``): added latency at 16 streams against the same round's direct read, then
-    the router pinned to one CPU and its CPU time over 64 streams (one token per chunk: no router
-    falls behind at this rate, so the emulator never merges tokens). Latencies: the median over
-    rounds; CPU: totals over rounds."""
+    decode cluster (G = 4, 20 ms steps), in rounds (direct, ours, peer; 3 rounds, 1 with
+    ``quick``): added latency at 16 streams against the same round's direct read (chunks
+    stamped), then, on unstamped (vLLM-shaped) chunks, the router pinned to one CPU and its CPU
+    time over 64 streams (one token per chunk: no router falls behind at this rate, so the
+    emulator never merges tokens). Latencies: the median over rounds; CPU: totals over rounds."""
     seconds = 4.0 if quick else 10.0
     rounds = 1 if quick else 3
     cpu = max(os.sched_getaffinity(0))
     runs: dict[str, list[dict[str, float]]] = {}
     direct_runs: list[dict[str, float]] = []
-    args = ["--replicas", "4", "--slots", "64", "--prefill", "0", "--kv-dialect", "none",
-            "--step-model", "b=0.02,a=0", "--stamp-chunks"]
-    with emulator(args) as mapping:
+    base = ["--replicas", "4", "--slots", "64", "--prefill", "0", "--kv-dialect", "none",
+            "--step-model", "b=0.02,a=0"]
+    with emulator([*base, "--stamp-chunks"]) as mapping:
         for _ in range(rounds):
             direct, _ = asyncio.run(_measure([d["url"] for d in mapping["decode"]], 16, 200, seconds))
             d50, d99 = (float(x) for x in np.percentile(direct, [50, 99]) * 1e3)
             direct_runs.append({"p50_ms": d50, "p99_ms": d99, "tokens": int(direct.size)})
             for name, start in _routers(mapping, exe):
-                with start() as (url, proc):
+                with start() as (url, _):
                     lat, _ = asyncio.run(_measure([url], 16, 200, seconds))
+                p50, p99 = (float(x) for x in np.percentile(lat, [50, 99]) * 1e3)
+                runs.setdefault(name, []).append({"p50_ms": p50, "p99_ms": p99, "added_p50_ms": p50 - d50,
+                                                  "added_p99_ms": p99 - d99})
+    with emulator(base) as mapping:  # vLLM-shaped chunks (no stamp) for the CPU rows
+        for k in range(rounds):
+            for name, start in _routers(mapping, exe):
+                with start() as (url, proc):
                     pin(proc.pid, cpu)
                     before = cpu_seconds(proc.pid)
                     chunks, tokens, elapsed = asyncio.run(_closed_loop(url, 64, 200, seconds))
                     used = cpu_seconds(proc.pid) - before
-                p50, p99 = (float(x) for x in np.percentile(lat, [50, 99]) * 1e3)
-                runs.setdefault(name, []).append({
-                    "p50_ms": p50, "p99_ms": p99, "added_p50_ms": p50 - d50, "added_p99_ms": p99 - d99,
-                    "cpu_s": used, "tokens": tokens, "chunks": chunks, "elapsed_s": elapsed})
+                runs[name][k].update(cpu_s=used, tokens=tokens, chunks=chunks, elapsed_s=elapsed)
     out: dict[str, Any] = {"pinned_cpu": cpu, "seconds": seconds, "rounds": rounds, "latency_streams": 16,
                            "cpu_streams": 64, "runs": runs, "direct_runs": direct_runs,
                            "direct": {k: float(np.median([r[k] for r in direct_runs])) for k in ("p50_ms", "p99_ms")},
