@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 WORKLOAD ?= servegen-r1
 REPLICAS ?= 8
 
-.PHONY: reproduce compare test install install-all lint clean
+.PHONY: reproduce compare test install install-all lint clean bench-venv bench-proxy
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,21 @@ compare: $(VENV)/.installed-all
 
 test: $(VENV)/.installed-all
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The proxy benchmark's peer, vllm-router (PyPI, Rust): its own venv in the machine's cache, not a
+# dependency of the package. `make bench-proxy` prints balanceroute vs vllm-router side by side.
+BENCH_VENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/balanceroute/bench-venv
+VLLM_ROUTER_VERSION ?= 0.1.17
+
+$(BENCH_VENV)/.installed-vllm-router-$(VLLM_ROUTER_VERSION):
+	$(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet "vllm-router==$(VLLM_ROUTER_VERSION)"
+	touch $@
+
+bench-venv: $(BENCH_VENV)/.installed-vllm-router-$(VLLM_ROUTER_VERSION)
+
+bench-proxy: $(VENV)/.installed-all bench-venv
+	$(BIN)/python benchmarks/bench_proxy.py --section peer --vllm-router $(BENCH_VENV)/bin/vllm-router
 
 lint: $(VENV)/.installed-all
 	$(BIN)/ruff check .

@@ -5,11 +5,21 @@
  * added latency per streamed token — client receive time minus the emulator's generation time
    (``emulator_ts``, the shared monotonic clock), P50/P99, proxied minus direct;
  * relayed tokens/s at saturation (tiny steps, many streams) — proxied / direct.
+``peer``: the same emulated decode cluster behind ``balanceroute serve`` and behind vllm-router
+(PyPI ``vllm-router``, Rust, installed in the benchmark's own venv by ``make bench-venv``: a peer to
+measure, not a dependency), one router at a time, side by side:
+ * proxy CPU per relayed token (µs): utime + stime of the router's process tree from
+   ``/proc/<pid>/stat`` over a saturating run, divided by the tokens the clients received;
+ * chunks/s ceiling on one core: the router pinned to one CPU (every thread), relayed SSE chunks
+   per CPU-second of the router — the rate one fully busy core sustains at that per-chunk cost
+   (the measured rate and the router's share of its core are printed next to it);
+ * added per-token latency P50/P99 at 16 streams, as in ``overhead`` (minus direct).
 ``policies``: br0 and round_robin through the same proxy on an emulated G = 8 cluster under a
 saturated closed loop, a decode-heavy workload (ServeGen DeepSeek-R1, outputs scaled down);
 the emulator's measured mean imbalance and token throughput (emulated time).
 
-    python benchmarks/bench_proxy.py [--section overhead|policies|all] [--quick] [--json]
+    python benchmarks/bench_proxy.py [--section overhead|peer|policies|all] [--quick] [--json]
+                                     [--vllm-router PATH]
 """
 
 from __future__ import annotations
@@ -19,7 +29,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,23 +39,34 @@ from typing import Any
 import httpx
 import numpy as np
 
+if not __package__:  # run as a script: the repository root holds the ``benchmarks`` package
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.servers import free_port, wait_http  # noqa: E402
+
 CLI = [sys.executable, "-m", "balanceroute.cli"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(url: str, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
+@contextlib.contextmanager
+def _router_process(cmd: list[str], url: str) -> Iterator[subprocess.Popen]:
+    """A router subprocess, up once ``url``/health answers 200; terminated by handle."""
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        try:
+            wait_http(url + "/health", timeout=60.0, proc=proc)
+        except RuntimeError:
+            log.seek(0)
+            sys.stderr.write(log.read()[-4000:].decode(errors="replace"))
+            raise
+        yield proc
+    finally:
+        log.close()
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 @contextlib.contextmanager
@@ -69,22 +89,85 @@ def emulator(args: list[str]) -> Iterator[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def proxy(mapping: dict[str, Any], extra: list[str]) -> Iterator[str]:
-    """A ``serve`` subprocess on a free port; yields its URL."""
+def proxy_process(mapping: dict[str, Any], extra: list[str]) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A ``serve`` subprocess on a free port; yields its URL and process."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "proxy.json")
         with open(path, "w") as fh:
             json.dump(mapping, fh)
-        port = _free_port()
-        proc = subprocess.Popen([*CLI, "serve", "--config", path, "--port", str(port),
-                                 "--log-level", "warning", *extra])
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
-        try:
-            _wait_http(url + "/health")
-            yield url
-        finally:
-            proc.terminate()
-            proc.wait(10)
+        cmd = [*CLI, "serve", "--config", path, "--host", "127.0.0.1", "--port", str(port),
+               "--log-level", "warning", *extra]
+        with _router_process(cmd, url) as proc:
+            yield url, proc
+
+
+@contextlib.contextmanager
+def proxy(mapping: dict[str, Any], extra: list[str]) -> Iterator[str]:
+    """A ``serve`` subprocess on a free port; yields its URL."""
+    with proxy_process(mapping, extra) as (url, _):
+        yield url
+
+
+def default_vllm_router() -> str:
+    """Where ``make bench-venv`` puts vllm-router: the machine's cache, not the clone."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "balanceroute", "bench-venv", "bin", "vllm-router")
+
+
+@contextlib.contextmanager
+def vllm_router(exe: str, worker_urls: list[str]) -> Iterator[tuple[str, subprocess.Popen]]:
+    """vllm-router (round robin over ``worker_urls``) on free 127.0.0.1 ports, its Prometheus
+    exporter on 127.0.0.1 too; yields its URL and process."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [exe, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *worker_urls,
+           "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
+           "--prometheus-port", str(free_port()), "--log-level", "warning"]
+    with _router_process(cmd, url) as proc:
+        yield url, proc
+
+
+# ------------------------------------------------------------------- process accounting
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (from /proc/*/stat parent ids)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(children.get(p, ()))
+    return tree
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime (+ reaped children's) of ``pid``'s process tree, in seconds
+    (/proc/<pid>/stat fields 14-17, all threads included)."""
+    ticks = 0
+    for p in _process_tree(pid):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{p}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            ticks += sum(int(x) for x in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def pin(pid: int, cpu: int) -> None:
+    """Confine every thread of ``pid``'s process tree to ``cpu`` (threads started later
+    inherit it)."""
+    for p in _process_tree(pid):
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(tid), {cpu})
 
 
 # ---------------------------------------------------------------------------- overhead
@@ -145,6 +228,129 @@ def bench_overhead(quick: bool) -> dict[str, Any]:
     return out
 
 
+# -------------------------------------------------------------------------------- peer
+async def _count_stream(http: httpx.AsyncClient, url: str, n: int, counts: list[int], stop_at: float) -> None:
+    """Streams of ``n`` tokens back to back until ``stop_at``; counts SSE events (chunks, the
+    ``[DONE]`` excluded) and finished streams without decoding them."""
+    body = {"model": "m", "prompt": [100] * 64, "max_tokens": n, "ignore_eos": True, "stream": True}
+    while time.monotonic() < stop_at:
+        async with http.stream("POST", url + "/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                raise RuntimeError(f"{url}: HTTP {resp.status_code}")
+            events, last = 0, b""
+            async for part in resp.aiter_raw():
+                events += (last + part).count(b"\n\n")
+                last = part[-1:]
+        counts[0] += events - 1
+        counts[1] += 1
+
+
+async def _closed_loop(url: str, streams: int, n: int, seconds: float) -> tuple[int, int, float]:
+    """(chunks, tokens, wall seconds) of ``streams`` closed-loop streams started for
+    ``seconds`` (each runs to its end)."""
+    counts = [0, 0]
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        start = time.monotonic()
+        await asyncio.gather(*(_count_stream(http, url, n, counts, start + seconds) for _ in range(streams)))
+        elapsed = time.monotonic() - start
+    return counts[0], counts[1] * n, elapsed
+
+
+def _routers(mapping: dict[str, Any], exe: str | None) -> list[tuple[str, Any]]:
+    """(name, context manager yielding (url, process)) of ours and, when installed, the peer.
+    Ours without health probes: on a saturated machine one late probe ejects a replica (issue
+    12), and vllm-router probes once a minute; the relay is what is measured."""
+    ours = {**mapping, "slots": 64, "policy": "br0", "health_interval_s": 0}
+    out: list[tuple[str, Any]] = [("balanceroute", lambda: proxy_process(ours, []))]
+    if exe:
+        out.append(("vllm-router", lambda: vllm_router(exe, [d["url"] for d in mapping["decode"]])))
+    return out
+
+
+def bench_peer(quick: bool, exe: str | None) -> dict[str, Any]:
+    """balanceroute serve and vllm-router, one after the other, in front of the same emulated
+    decode cluster (G = 4, 20 ms steps), in rounds (direct, ours, peer; 3 rounds, 1 with
+    ``quick``): added latency at 16 streams against the same round's direct read (chunks
+    stamped), then, on unstamped (vLLM-shaped) chunks, the router pinned to one CPU and its CPU
+    time over 64 streams (one token per chunk: no router falls behind at this rate, so the
+    emulator never merges tokens). Latencies: the median over rounds; CPU: totals over rounds."""
+    seconds = 4.0 if quick else 10.0
+    rounds = 1 if quick else 3
+    cpu = max(os.sched_getaffinity(0))
+    runs: dict[str, list[dict[str, float]]] = {}
+    direct_runs: list[dict[str, float]] = []
+    base = ["--replicas", "4", "--slots", "64", "--prefill", "0", "--kv-dialect", "none",
+            "--step-model", "b=0.02,a=0"]
+    with emulator([*base, "--stamp-chunks"]) as mapping:
+        for _ in range(rounds):
+            direct, _ = asyncio.run(_measure([d["url"] for d in mapping["decode"]], 16, 200, seconds))
+            d50, d99 = (float(x) for x in np.percentile(direct, [50, 99]) * 1e3)
+            direct_runs.append({"p50_ms": d50, "p99_ms": d99, "tokens": int(direct.size)})
+            for name, start in _routers(mapping, exe):
+                with start() as (url, _):
+                    lat, _ = asyncio.run(_measure([url], 16, 200, seconds))
+                p50, p99 = (float(x) for x in np.percentile(lat, [50, 99]) * 1e3)
+                runs.setdefault(name, []).append({"p50_ms": p50, "p99_ms": p99, "added_p50_ms": p50 - d50,
+                                                  "added_p99_ms": p99 - d99})
+    with emulator(base) as mapping:  # vLLM-shaped chunks (no stamp) for the CPU rows
+        for k in range(rounds):
+            for name, start in _routers(mapping, exe):
+                with start() as (url, proc):
+                    pin(proc.pid, cpu)
+                    before = cpu_seconds(proc.pid)
+                    chunks, tokens, elapsed = asyncio.run(_closed_loop(url, 64, 200, seconds))
+                    used = cpu_seconds(proc.pid) - before
+                runs[name][k].update(cpu_s=used, tokens=tokens, chunks=chunks, elapsed_s=elapsed)
+    out: dict[str, Any] = {"pinned_cpu": cpu, "seconds": seconds, "rounds": rounds, "latency_streams": 16,
+                           "cpu_streams": 64, "runs": runs, "direct_runs": direct_runs,
+                           "direct": {k: float(np.median([r[k] for r in direct_runs])) for k in ("p50_ms", "p99_ms")},
+                           "routers": {}}
+    for name, rs in runs.items():
+        used, tokens, chunks, elapsed = (sum(r[k] for r in rs) for k in ("cpu_s", "tokens", "chunks", "elapsed_s"))
+        out["routers"][name] = {
+            **{k: float(np.median([r[k] for r in rs])) for k in ("p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms")},
+            "tokens_per_chunk": tokens / chunks, "cpu_us_per_token": 1e6 * used / tokens,
+            "chunks_per_cpu_s": chunks / used, "chunks_s": chunks / elapsed, "core_share": used / elapsed}
+    ours, peer = out["routers"]["balanceroute"], out["routers"].get("vllm-router")
+    out["targets"] = {"chunks_per_cpu_s >= 50000": ours["chunks_per_cpu_s"] >= 50_000}
+    if peer is not None:
+        out["cpu_per_token_ratio"] = ours["cpu_us_per_token"] / peer["cpu_us_per_token"]
+        out["targets"].update({
+            "cpu_per_token <= 3x vllm-router": out["cpu_per_token_ratio"] <= 3.0,
+            "added_p99 <= vllm-router + 1 ms": ours["added_p99_ms"] <= peer["added_p99_ms"] + 1.0})
+    return out
+
+
+def print_peer(result: dict[str, Any], exe: str | None) -> None:
+    """The side-by-side table."""
+    ours, peer = result["routers"]["balanceroute"], result["routers"].get("vllm-router")
+    rows = [
+        ("proxy CPU per relayed token (µs)", "cpu_us_per_token", "{:.1f}"),
+        ("chunks/s ceiling, one core", "chunks_per_cpu_s", "{:,.0f}"),
+        ("  measured chunks/s (share of its core)", None, ""),
+        ("added per-token latency P50, 16 streams (ms)", "added_p50_ms", "{:+.2f}"),
+        ("added per-token latency P99, 16 streams (ms)", "added_p99_ms", "{:+.2f}"),
+    ]
+    print(f"{'':<46} {'balanceroute':>16} {'vllm-router':>16}")
+    for label, key, fmt in rows:
+        if key is None:
+            cells = [f"{r['chunks_s']:,.0f} ({100 * r['core_share']:.0f} %)" if r else "—" for r in (ours, peer)]
+        else:
+            cells = [fmt.format(r[key]) if r else "—" for r in (ours, peer)]
+        print(f"{label:<46} {cells[0]:>16} {cells[1]:>16}")
+    d = result["direct"]
+    print(f"direct from the emulator: per-token latency P50 {d['p50_ms']:.2f} ms, P99 {d['p99_ms']:.2f} ms; "
+          f"tokens per chunk relayed: " + ", ".join(f"{k} {r['tokens_per_chunk']:.2f}"
+                                                    for k, r in result["routers"].items()))
+    if peer is None:
+        print(f"vllm-router not found ({exe or default_vllm_router()}): `make bench-venv` installs it")
+    else:
+        print(f"CPU per token: balanceroute / vllm-router = {result['cpu_per_token_ratio']:.2f}x")
+    for target, met in result["targets"].items():
+        print(f"target {target}: {'met' if met else 'NOT met'}")
+
+
 # ---------------------------------------------------------------------------- policies
 def bench_policies(quick: bool, repeats: int) -> dict[str, Any]:
     """br0 vs round_robin through the proxy: the emulator's measured imbalance and throughput."""
@@ -181,14 +387,20 @@ def bench_policies(quick: bool, repeats: int) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--section", choices=("overhead", "policies", "all"), default="all")
+    parser.add_argument("--section", choices=("overhead", "peer", "policies", "all"), default="all")
     parser.add_argument("--quick", action="store_true", help="shorter runs")
     parser.add_argument("--repeats", type=int, default=1, help="policy runs per policy")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--vllm-router", metavar="PATH", default=default_vllm_router(),
+                        help="vllm-router executable for the peer section (default: where "
+                             "`make bench-venv` installs it); the section runs without it")
     args = parser.parse_args()
+    exe = args.vllm_router if os.access(args.vllm_router, os.X_OK) else None
     result: dict[str, Any] = {}
     if args.section in ("overhead", "all"):
         result["overhead"] = bench_overhead(args.quick)
+    if args.section in ("peer", "all"):
+        result["peer"] = bench_peer(args.quick, exe)
     if args.section in ("policies", "all"):
         result["policies"] = bench_policies(args.quick, args.repeats)
     if args.json:
@@ -201,6 +413,8 @@ def main() -> int:
               f"added p50 {lat['added_p50_ms']:.2f} ms p99 {lat['added_p99_ms']:.2f} ms")
         print(f"relayed tokens/s   direct {thr['direct_tok_s']:.0f} | proxied {thr['proxied_tok_s']:.0f} | "
               f"ratio {thr['ratio']:.2f}")
+    if "peer" in result:
+        print_peer(result["peer"], args.vllm_router)
     if "policies" in result:
         pol = result["policies"]
         for name, m in pol["mean"].items():
