@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
+from .keyvalue import parse_key_values
 from .workloads.base import Workload, WorkloadError
 
 __all__ = ["DEFAULT_LIMITS", "Limits"]
@@ -41,18 +42,8 @@ class Limits:
     def parse(cls, items: list[str] | tuple[str, ...] | None) -> Limits:
         """From ``["max_tokens=4194304", ...]`` (each key at most once)."""
         names = [f.name for f in fields(cls)]
-        values: dict[str, int] = {}
-        for item in items or ():
-            key, sep, raw = item.partition("=")
-            key = key.strip()
-            if not sep or key not in names:
-                raise ValueError(f"--limit {item!r}: expected KEY=N with KEY one of {', '.join(names)}")
-            if key in values:
-                raise ValueError(f"--limit {key} given twice")
-            try:
-                values[key] = int(raw)
-            except ValueError:
-                raise ValueError(f"--limit {item!r}: {raw!r} is not an integer") from None
+        values = parse_key_values(items or (), names, int, what="--limit", kind="an integer",
+                                  expected=f"KEY=N with KEY one of {', '.join(names)}")
         return replace(cls(), **values) if values else cls()
 
     def check(self, name: str, value: int | None, what: str) -> None:

@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 from ._jit import HAVE_NUMBA
 from ._kernels import skip_tickless_steps
 from .fused import fused_policy, run_fused
+from .keyvalue import parse_key_values
 from .outcomes import RequestColumns
 from .policies.base import Policy
 from .state import ClusterState, PoolView, validate_assignment
@@ -57,18 +58,9 @@ class StepModel:
     def parse(cls, text: str) -> StepModel:
         """From ``"b=0.03,a=2e-7,c=0"`` (any subset of the keys, each at most once; the rest
         keep defaults)."""
-        values: dict[str, float] = {}
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            key, sep, raw = part.partition("=")
-            key = key.strip()
-            if not sep or key not in ("a", "b", "c"):
-                raise ValueError(f"step model {part!r}: expected a=..., b=... or c=...")
-            if key in values:
-                raise ValueError(f"step model {text!r}: {key} given twice")
-            try:
-                values[key] = float(raw)
-            except ValueError:
-                raise ValueError(f"step model {part!r}: {raw!r} is not a number") from None
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        values = parse_key_values(parts, ("a", "b", "c"), float, what="step model",
+                                  expected="a=..., b=... or c=...", kind="a number")
         return cls(**values)
 
     def step_time(self, loads: NDArray, active: NDArray) -> float:
