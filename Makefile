@@ -27,7 +27,7 @@ $(VENV)/.installed-all: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed-base
 install-all: $(VENV)/.installed-all
 
-# Main job: every table and figure next to the paper's, quick mode (a few minutes on 2 cores),
+# Main job: every table and figure next to the paper's, quick mode (305 cells; minutes on a quiet 2-core machine),
 # written to papers/reproduction/quick/ (REPORT.md, data/*.csv, figures/*.png).
 reproduce: $(VENV)/.installed-all
 	$(BIN)/balanceroute reproduce --quick
