@@ -47,12 +47,12 @@ def compare_policies(
     a row's gain does not depend on which other rows are compared.
     """
     build = factory or (lambda name: get_policy(name, seed=seed))
-    policies = [(name, build(name)) for name in names]  # fail on a bad name before running
+    policies = {name: build(name) for name in names}  # fail on a bad name before running
     records, extra = [], {}
     for name in [*names, *reference]:
         if on_policy is not None:
             on_policy(name)
-        policy = dict(policies)[name] if name in names else build(name)
+        policy = policies[name] if name in policies else build(name)
         result = simulate(workload, policy, config, progress=progress)
         if name not in names:
             extra[name] = result.metrics[GAIN_KEY]
