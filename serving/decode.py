@@ -10,11 +10,10 @@ same request then got its first token elsewhere; the replica that served it is c
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import httpx
 
 from .config import ProxyConfig
 from .dispatch import Dispatcher, LeaseExpired
@@ -23,6 +22,7 @@ from .ledger import Ledger, Ticket
 from .metrics import ProxyMetrics
 from .protocol import ApiError, ClientRequest, decode_body, is_retryable, upstream_headers
 from .relay import DecodeStream, Event, StreamBroken, has_token
+from .upstream import HttpxUpstream, UpstreamError, UpstreamPool
 
 __all__ = ["DecodeStage"]
 
@@ -39,7 +39,7 @@ class DecodeStage:
     """Opens decode streams for tickets; ``observe(ticket, event)`` records per-event progress."""
 
     config: ProxyConfig
-    client: httpx.AsyncClient
+    upstream: UpstreamPool | HttpxUpstream
     ledger: Ledger
     dispatcher: Dispatcher
     members: Membership
@@ -51,7 +51,8 @@ class DecodeStage:
         """Pool the ticket, wait for the tick's replica and open the decode stream up to the
         first token; before it, failures send the ticket back to the pool (bounded)."""
         cfg = self.config
-        body = decode_body(creq.payload, kv)
+        body = json.dumps(decode_body(creq.payload, kv), ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False).encode()
         pooled_at = time.monotonic()
         suspects: list[int] = []  # replicas that failed this request for a reason it may carry
         first = True
@@ -90,28 +91,25 @@ class DecodeStage:
             self.members.record(g, True)
             return stream
 
-    async def _open(self, ticket: Ticket, g: int, creq: ClientRequest, body: dict) -> DecodeStream:
+    async def _open(self, ticket: Ticket, g: int, creq: ClientRequest, body: bytes) -> DecodeStream:
         cfg = self.config
         rep = cfg.decode[g]
-        request = self.client.build_request(
-            "POST", rep.url + creq.path, json=body,
-            headers=upstream_headers(ticket.request_id, rep.dp_rank, rep.api_key()),
-            timeout=httpx.Timeout(cfg.decode_read_timeout_s, connect=cfg.connect_timeout_s))
         try:
-            response = await self.client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise _Retryable("decode_connect", f"decode {g}: {type(exc).__name__}: {exc}",
-                             connect=isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))) from None
-        if response.status_code != 200:
+            response = await self.upstream.post_stream(
+                rep.url + creq.path, body, upstream_headers(ticket.request_id, rep.dp_rank, rep.api_key()),
+                connect_timeout=cfg.connect_timeout_s, read_timeout=cfg.decode_read_timeout_s)
+        except UpstreamError as exc:
+            raise _Retryable("decode_connect", f"decode {g}: {exc}", connect=exc.connect) from None
+        if response.status != 200:
             try:
                 content = await response.aread()
-            except httpx.HTTPError:
+            except UpstreamError:
                 content = b""
             finally:
                 await response.aclose()
-            if not is_retryable(response.status_code):
-                raise ApiError.from_upstream(response.status_code, content, kind="decode_rejected")
-            raise _Retryable("decode_http", f"decode {g}: HTTP {response.status_code}: "
+            if not is_retryable(response.status):
+                raise ApiError.from_upstream(response.status, content, kind="decode_rejected")
+            raise _Retryable("decode_http", f"decode {g}: HTTP {response.status}: "
                              f"{content[:200].decode('utf-8', 'replace')}")
         stream = DecodeStream(response)
         pending: list[Event] = []  # read before the client is answered; relayed first
@@ -137,9 +135,9 @@ class DecodeStage:
         except StreamBroken as exc:
             await stream.aclose()
             raise _Retryable(exc.kind, str(exc)) from None
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             await stream.aclose()
-            raise _Retryable("decode_stream", f"decode {g}: {type(exc).__name__}: {exc}") from None
+            raise _Retryable("decode_stream", f"decode {g}: {exc}") from None
         except BaseException:
             await stream.aclose()
             raise

@@ -25,7 +25,6 @@ import inspect
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -53,7 +52,8 @@ from .protocol import (
     sse,
     validate_request,
 )
-from .relay import Assembler, DecodeStream, Event, RelayResponse, StreamBroken
+from .relay import Assembler, DecodeStream, Event, RelayResponse, StreamBroken, Write
+from .upstream import HttpxUpstream, UpstreamError, UpstreamPool
 
 __all__ = ["Proxy", "build_policy", "error_response"]
 
@@ -118,11 +118,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
 class Proxy:
     """The proxy's state and request path; built in the app's lifespan, kept on
     ``app.state.proxy``. Upstream calls go through ``client`` (injected, so tests can swap the
-    transport)."""
+    transport); decode streams through ``upstream`` (:mod:`.upstream`; by default over
+    ``client``)."""
 
-    def __init__(self, config: ProxyConfig, client: httpx.AsyncClient, policy: Policy) -> None:
+    def __init__(self, config: ProxyConfig, client: httpx.AsyncClient, policy: Policy,
+                 upstream: UpstreamPool | HttpxUpstream | None = None) -> None:
         self.config = config
         self.client = client
+        self.upstream = upstream if upstream is not None else HttpxUpstream(client)
         self.policy = policy
         self.dialect = get_dialect(config.kv_dialect)
         self.warm = False
@@ -133,7 +136,7 @@ class Proxy:
         self.prefills = PrefillStage(config, self.dialect, client, self.metrics,
                                      OutlierDetector(len(config.prefill), config.outlier))
         self.members = Membership(config, client, self.ledger, self.dispatcher, self.prefills, self.metrics)
-        self.decode = DecodeStage(config, client, self.ledger, self.dispatcher, self.members, self.metrics,
+        self.decode = DecodeStage(config, self.upstream, self.ledger, self.dispatcher, self.members, self.metrics,
                                   self._observe)
         self.metrics.register_gauges(self._extra_gauges)
         self.admin_token = config.admin_token()
@@ -226,7 +229,7 @@ class Proxy:
             headers = {"X-Request-Id": ticket.request_id}
             if creq.stream:
                 owned, stream = stream, None
-                return RelayResponse(self._relay(ticket, owned, creq), headers={
+                return RelayResponse(lambda write: self._relay(ticket, owned, creq, write), headers={
                     **headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                     on_close=lambda: self._abandon(ticket, owned))
             result = await self._assemble(ticket, stream, creq)
@@ -261,7 +264,7 @@ class Proxy:
             if not self.dialect.has_prefill and prompt is not None and prompt > 0:
                 self.ledger.set_prompt(ticket, prompt)
 
-    async def _relay(self, ticket: Ticket, stream: DecodeStream, creq: ClientRequest) -> AsyncIterator[bytes]:
+    async def _relay(self, ticket: Ticket, stream: DecodeStream, creq: ClientRequest, write: Write) -> None:
         outcome = "client_disconnect"
         usage, continuous = creq.include_usage, creq.continuous_usage
         try:
@@ -281,11 +284,11 @@ class Proxy:
                             out.append(b"data: " + data + b"\n\n")
                     else:
                         if out:
-                            yield b"".join(out)
+                            await write(out[0] if len(out) == 1 else b"".join(out))
                         try:
                             batch = await stream.next_batch()
-                        except httpx.HTTPError as exc:
-                            raise StreamBroken("decode_stream", f"decode stream broke: {type(exc).__name__}: {exc}") from None
+                        except UpstreamError as exc:
+                            raise StreamBroken("decode_stream", f"decode stream broke: {exc}") from None
                         if batch:
                             continue
                         if not stream.finished:
@@ -293,15 +296,15 @@ class Proxy:
                         out = []
                     out.append(SSE_DONE)
                     outcome = "ok"
-                    yield b"".join(out)
+                    await write(b"".join(out))
                     break
             except StreamBroken as exc:
                 outcome = exc.kind
                 self.metrics.errors.labels(exc.kind).inc()
                 self.members.record(ticket.replica, False)
                 self._end(ticket, outcome)
-                yield sse(error_body(f"upstream decode failed mid-stream: {exc}", status=502, code=exc.kind))
-                yield SSE_DONE
+                await write(sse(error_body(f"upstream decode failed mid-stream: {exc}", status=502,
+                                           code=exc.kind)) + SSE_DONE)
         finally:
             self._end(ticket, outcome)
             await stream.aclose()
@@ -320,7 +323,7 @@ class Proxy:
                 acc.add(event.parsed())
             try:
                 batch = await stream.next_batch(parse=True)
-            except (httpx.HTTPError, StreamBroken) as exc:
+            except (UpstreamError, StreamBroken) as exc:
                 raise ApiError(502, f"decode failed mid-response: {exc}", kind="decode_stream") from None
             if not batch:
                 if not stream.finished:

@@ -18,16 +18,16 @@ read in one write.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
-import httpx
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response
 
 __all__ = ["Assembler", "DecodeStream", "Event", "RelayResponse", "StreamBroken", "event_error",
            "has_token"]
@@ -203,13 +203,11 @@ def _cut_key(raw: bytes, key: int, end: int) -> bytes:
 
 
 class DecodeStream:
-    """An open decode response read as :class:`Event` batches (one batch per upstream read)."""
+    """An open decode response read as :class:`Event` batches (one batch per upstream read);
+    ``response`` follows the :mod:`.upstream` contract."""
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: Any) -> None:
         self.response = response
-        encoded = response.headers.get("content-encoding", "identity") not in ("", "identity")
-        raw = not encoded and not response.is_stream_consumed  # one generator layer less per read
-        self._chunks = response.aiter_raw() if raw else response.aiter_bytes()
         self._buf = b""
         self.buffered: list[Event] = []
         self.finished = False
@@ -218,15 +216,12 @@ class DecodeStream:
     async def next_batch(self, *, parse: bool = False) -> list[Event]:
         """The complete events of the next upstream read (``[]`` once the stream has ended)."""
         while not self.ended:
-            try:
-                chunk = await self._chunks.__anext__()
-            except StopAsyncIteration:
+            chunk = await self.response.read()
+            if not chunk:
                 self.ended = True
                 tail = self._buf.strip()
                 self._buf = b""
                 return self._frame([tail + b"\n\n"], parse) if tail else []
-            if not chunk:
-                continue
             buf = self._buf + chunk if self._buf else chunk
             if b"\r" in buf:  # CRLF line ends (possibly split across reads)
                 buf = buf.replace(b"\r\n", b"\n")
@@ -256,33 +251,68 @@ class DecodeStream:
         return out
 
     async def aclose(self) -> None:
-        """Close the upstream response (vLLM aborts the request)."""
+        """Close the upstream response (before its end: vLLM aborts the request)."""
         with anyio.CancelScope(shield=True):
-            with contextlib.suppress(Exception):
-                await self._chunks.aclose()  # type: ignore[attr-defined]
             with contextlib.suppress(Exception):
                 await self.response.aclose()
 
 
-class RelayResponse(StreamingResponse):
-    """A streaming response that always runs ``on_close`` (close upstream, end the ticket)
-    however the client goes away — even if the body generator never started."""
+Write = Callable[[bytes], Awaitable[None]]
 
-    def __init__(self, content: AsyncIterator[bytes], *, on_close: Callable[[], Awaitable[None]],
+
+class RelayResponse(Response):
+    """A raw ASGI event stream: ``body(write)`` writes it, one ASGI send per ``write`` (no
+    body iterator or task group per chunk). A watcher cancels ``body`` when the client
+    disconnects; ``on_close`` (close upstream, end the ticket) always runs, even if the body
+    never started."""
+
+    def __init__(self, body: Callable[[Write], Awaitable[None]], *, on_close: Callable[[], Awaitable[None]],
                  headers: dict[str, str]) -> None:
-        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self.status_code = 200
+        self.background = None
+        self.media_type = "text/event-stream"
+        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
+                            *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())]
+        self._body = body
         self._on_close = on_close
+        self._closed = False
 
     async def discard(self) -> None:
-        """Release everything without sending."""
-        with anyio.CancelScope(shield=True):
-            await self.body_iterator.aclose()  # type: ignore[attr-defined]
-            await self._on_close()
+        """Release everything without sending (once)."""
+        if not self._closed:
+            self._closed = True
+            with anyio.CancelScope(shield=True):
+                await self._on_close()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        task = asyncio.current_task()
+        state = {"done": False, "gone": False}
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not state["done"] and task is not None:
+                state["gone"] = True
+                task.cancel()
+
+        async def write(data: bytes) -> None:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+        watcher = asyncio.ensure_future(watch())
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await self._body(write)
+            state["done"] = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not state["gone"] or task is None:
+                raise
+            task.uncancel()  # our own cancellation: the client left, the body's cleanup ran
+        except OSError:  # ASGI 2.4 servers raise on a send after the client went away
+            pass
         finally:
+            state["done"] = True
+            watcher.cancel()
             await self.discard()
 
 

@@ -25,6 +25,7 @@ from .config import ProxyConfig
 from .metrics import CONTENT_TYPE_LATEST
 from .protocol import ApiError, error_body, request_schema, upstream_headers
 from .proxy import Proxy, build_policy, error_response
+from .upstream import HttpxUpstream, UpstreamPool
 
 __all__ = ["create_proxy_app", "router"]
 
@@ -151,7 +152,8 @@ async def admin_replica(request: Request, replica: int, action: str) -> Response
 def create_proxy_app(config: ProxyConfig, *, client: httpx.AsyncClient | None = None,
                      policy: Policy | None = None) -> FastAPI:
     """The proxy as a FastAPI app. ``client`` replaces the upstream HTTP client (tests pass one
-    with a mock transport); ``policy`` replaces the configured one. The lifespan warms the
+    with a mock transport, decode streams included; without one, decode streams go through
+    :class:`~.upstream.UpstreamPool`); ``policy`` replaces the configured one. The lifespan warms the
     policy's tick before the server accepts connections."""
     if config.admin_token_env and not config.admin_token():
         raise ValueError(f"admin_token_env={config.admin_token_env!r} is set but that environment "
@@ -166,13 +168,16 @@ def create_proxy_app(config: ProxyConfig, *, client: httpx.AsyncClient | None = 
         http = client or httpx.AsyncClient(
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=4096),
             timeout=httpx.Timeout(config.decode_read_timeout_s, connect=config.connect_timeout_s))
-        proxy = Proxy(config, http, chosen)
+        # Decode streams take the lean client unless a client (a test's transport) was injected.
+        upstream = UpstreamPool() if client is None else HttpxUpstream(client)
+        proxy = Proxy(config, http, chosen, upstream)
         app.state.proxy = proxy
         await proxy.start()
         try:
             yield
         finally:
             await proxy.stop()
+            await upstream.aclose()
             if client is None:
                 await http.aclose()
 

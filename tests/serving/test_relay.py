@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from balanceroute.serving.relay import Assembler, DecodeStream, Event, StreamBroken, event_error
-
-from .conftest import ByteStream
 
 pytestmark = pytest.mark.anyio
 
@@ -85,16 +82,24 @@ async def test_framing_reassembles_split_events_and_crlf() -> None:
     raw = b'data: {"a": 1}\r\n\r\n: comment\n\ndata: {"b":\ndata: 2}\n\ndata: [DONE]\n\n'
     for size in (1, 5, len(raw)):
         parts = [raw[i:i + size] for i in range(0, len(raw), size)]
-        stream = DecodeStream(httpx.Response(200, stream=ByteStream(_gen(parts))))
+        stream = DecodeStream(_Parts(parts))
         got = []
         while batch := await stream.next_batch():
             got.extend(e.raw for e in batch)
         assert got == [b'{"a": 1}', b'{"b":\n2}', b"[DONE]"]
 
 
-async def _gen(parts: list[bytes]):
-    for part in parts:
-        yield part
+class _Parts:
+    """A decode response (the :mod:`balanceroute.serving.upstream` contract) of given reads."""
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = list(parts)
+
+    async def read(self) -> bytes:
+        return self.parts.pop(0) if self.parts else b""
+
+    async def aclose(self) -> None:
+        self.parts.clear()
 
 
 def test_assembler_keeps_logprobs() -> None:

@@ -1,0 +1,454 @@
+"""The decode stream's HTTP/1.1 client: an asyncio protocol per connection, chunked transfer
+decoding by byte scanning, a keep-alive pool, connect and read timeouts, abort by closing.
+
+The relay reads one decode response per request, event by event; a general client (httpx)
+spends most of the proxy's CPU per chunk in its layers of async iterators and its HTTP state
+machine. Here a socket read is one ``data_received`` callback into a buffer and one wake-up of
+the waiting relay. Closing a response before its end closes the connection, so vLLM aborts the
+request; a response read to its end returns the connection to the pool.
+
+Both implementations of the small contract the decode stage uses —
+``await post_stream(url, content, headers, connect_timeout=, read_timeout=)`` → a response with
+``status``, ``headers``, ``await read()`` (body bytes, ``b""`` at the end), ``await aread()``
+and ``await aclose()`` — raise only :class:`UpstreamError`: :class:`UpstreamPool` (sockets) and
+:class:`HttpxUpstream` (an injected ``httpx.AsyncClient``, so tests can swap the transport).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import ssl
+from urllib.parse import urlsplit
+
+import httpx
+
+__all__ = ["ChunkedDecoder", "HttpxUpstream", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
+
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_MAX_LINE = 8192  # a chunk-size or trailer line; the whole header block gets 8 × this
+_PAUSE_AT = 1 << 18  # buffered but unread bytes at which the socket stops being read
+_SIZE, _DATA, _CRLF, _TRAILER, _DONE = range(5)
+
+
+class UpstreamError(Exception):
+    """An upstream call failed; ``connect`` when no connection could be made (refused or
+    timed out), the evidence that charges a replica at once."""
+
+    def __init__(self, message: str, *, connect: bool = False) -> None:
+        super().__init__(message)
+        self.connect = connect
+
+
+class ChunkedDecoder:
+    """Incremental decoder of HTTP/1.1 chunked transfer coding (RFC 9112 §7.1): ``feed(bytes)``
+    returns the payload bytes completed so far; ``done`` once the last chunk and the trailer
+    section are read; ``extra`` holds bytes that came after the end."""
+
+    __slots__ = ("_buf", "_left", "_state", "extra")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._left = 0
+        self._state = _SIZE
+        self.extra = b""
+
+    @property
+    def done(self) -> bool:
+        """Whether the terminating chunk and the trailers have been read."""
+        return self._state == _DONE
+
+    def feed(self, data: bytes) -> bytes:
+        """Decode ``data``; raise ``ValueError`` on malformed framing."""
+        if self._state == _DONE:
+            self.extra += data
+            return b""
+        buf = self._buf + data if self._buf else data
+        out: list[bytes] = []
+        pos, end, state = 0, len(buf), self._state
+        while pos < end:
+            if state == _DATA:
+                take = min(self._left, end - pos)
+                out.append(buf[pos:pos + take])
+                pos += take
+                self._left -= take
+                if not self._left:
+                    state = _CRLF
+            elif state == _CRLF:
+                if end - pos < 2:
+                    if buf[pos:pos + 1] != b"\r":
+                        raise ValueError("chunk data not followed by CRLF")
+                    break
+                if buf[pos:pos + 2] != b"\r\n":
+                    raise ValueError("chunk data not followed by CRLF")
+                pos += 2
+                state = _SIZE
+            else:  # a chunk-size line or a trailer line
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    if end - pos > _MAX_LINE:
+                        raise ValueError("chunk-size or trailer line too long")
+                    break
+                line, pos = buf[pos:eol], eol + 2
+                if state == _TRAILER:
+                    if not line:
+                        state = _DONE
+                        self.extra = buf[pos:]
+                        pos = end
+                    continue
+                size = line.split(b";", 1)[0].strip(b" \t")
+                if _HEX.fullmatch(size) is None:
+                    raise ValueError(f"bad chunk size {line[:40]!r}")
+                self._left = int(size, 16)
+                state = _DATA if self._left else _TRAILER
+        self._state = state
+        self._buf = buf[pos:] if pos < end else b""
+        return out[0] if len(out) == 1 else b"".join(out)
+
+
+class _Connection(asyncio.Protocol):
+    """One upstream connection: bytes land in ``chunks``; one reader waits on ``_waiter``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.chunks: list[bytes] = []
+        self.buffered = 0
+        self.eof = False
+        self.lost: BaseException | None = None
+        self.paused = False
+        self.last_rx = 0.0
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timeout = 0.0
+
+    # protocol callbacks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.chunks.append(data)
+        self.buffered += len(data)
+        self.last_rx = self.loop.time()
+        if self.buffered > _PAUSE_AT and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake(None)
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self._wake(None)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof = True
+        self.lost = exc
+        self._wake(None)
+
+    def _wake(self, exc: BaseException | None) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            if exc is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(exc)
+
+    # reading
+    async def receive(self, timeout: float) -> bytes:
+        """The bytes received since the last call (``b""`` at EOF); ``UpstreamError`` after
+        ``timeout`` seconds without a byte."""
+        while not self.chunks:
+            if self.eof:
+                return b""
+            self._waiter = self.loop.create_future()
+            if self._timer is None:
+                self._timeout = timeout
+                self._timer = self.loop.call_later(timeout, self._on_timer)
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        data = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+        self.chunks.clear()
+        self.buffered = 0
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        return data
+
+    def _on_timer(self) -> None:  # one timer per wait period, not one per read
+        idle = self.loop.time() - self.last_rx
+        if self._waiter is None or self._waiter.done():
+            self._timer = None
+        elif idle >= self._timeout:
+            self._timer = None
+            self._wake(UpstreamError(f"no data from upstream for {self._timeout:g} s (read timeout)"))
+        else:
+            self._timer = self.loop.call_later(self._timeout - idle, self._on_timer)
+
+    def close(self) -> None:
+        """Drop the connection (the server sees the client go away)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.transport is not None:
+            self.transport.close()
+        self.eof = True
+
+    @property
+    def reusable(self) -> bool:
+        return (not self.eof and not self.chunks and self.transport is not None
+                and not self.transport.is_closing())
+
+
+class UpstreamResponse:
+    """A response being read: ``status``, lower-cased ``headers``, the body via :meth:`read`."""
+
+    def __init__(self, pool: UpstreamPool, key: tuple[str, str, int], conn: _Connection, status: int,
+                 headers: dict[str, str], rest: bytes, read_timeout: float) -> None:
+        self.status = status
+        self.headers = headers
+        self._pool, self._key, self._conn, self._timeout = pool, key, conn, read_timeout
+        self._closed = False
+        self._keep = headers.get("connection", "").lower() != "close"
+        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self._decoder = ChunkedDecoder() if self._chunked else None
+        length = headers.get("content-length")
+        self._left: int | None = None
+        if not self._chunked:
+            if length is None or not length.strip().isdigit():
+                self._keep = False  # body ends at EOF
+            else:
+                self._left = int(length)
+        self.complete = self._left == 0 or status in (204, 304)
+        self._rest = rest
+
+    async def read(self) -> bytes:
+        """The next body bytes (``b""`` once the body has ended)."""
+        while not self.complete:
+            data, self._rest = (self._rest, b"") if self._rest else (await self._conn.receive(self._timeout), b"")
+            if not data:
+                if self._left is None and self._decoder is None:
+                    self.complete = True
+                    return b""
+                raise UpstreamError("upstream closed the connection mid-response")
+            out = self._take(data)
+            if out:
+                return out
+        return b""
+
+    def _take(self, data: bytes) -> bytes:
+        if self._decoder is not None:
+            try:
+                out = self._decoder.feed(data)
+            except ValueError as exc:
+                raise UpstreamError(f"bad chunked encoding from upstream: {exc}") from None
+            if self._decoder.done:
+                self.complete = True
+                self._keep = self._keep and not self._decoder.extra
+            return out
+        if self._left is not None:
+            if len(data) > self._left:
+                self._keep = False
+                data = data[:self._left]
+            self._left -= len(data)
+            self.complete = not self._left
+        return data
+
+    async def aread(self, limit: int = 1 << 20) -> bytes:
+        """The rest of the body (at most ``limit`` bytes are kept)."""
+        parts, size = [], 0
+        while part := await self.read():
+            if size < limit:
+                parts.append(part)
+                size += len(part)
+        return b"".join(parts)[:limit]
+
+    async def aclose(self) -> None:
+        """Return the connection to the pool if the body was read to its end (what already
+        arrived is looked at), else close it — vLLM aborts the request."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self.complete and not self._rest and self._conn.chunks and not self._conn.lost:
+            data = b"".join(self._conn.chunks)
+            self._conn.chunks.clear()
+            self._conn.buffered = 0
+            try:
+                self._take(data)
+            except UpstreamError:
+                self.complete = False
+        if self.complete and self._keep and not self._rest and not self._conn.chunks:
+            self._pool.release(self._key, self._conn)
+        else:
+            self._conn.close()
+
+
+class UpstreamPool:
+    """Keep-alive HTTP/1.1 connections per (scheme, host, port) for streamed POSTs."""
+
+    def __init__(self, *, max_idle_per_host: int = 512) -> None:
+        self.max_idle_per_host = max_idle_per_host
+        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._ssl: ssl.SSLContext | None = None
+
+    def release(self, key: tuple[str, str, int], conn: _Connection) -> None:
+        """Keep ``conn`` for the next request to ``key`` (or close it when the pool is full)."""
+        if conn._timer is not None:
+            conn._timer.cancel()
+            conn._timer = None
+        idle = self._idle.setdefault(key, [])
+        if conn.reusable and len(idle) < self.max_idle_per_host:
+            idle.append(conn)
+        else:
+            conn.close()
+
+    async def _connect(self, key: tuple[str, str, int], timeout: float) -> _Connection:
+        loop = asyncio.get_running_loop()
+        scheme, host, port = key
+        context = None
+        if scheme == "https":
+            self._ssl = self._ssl or ssl.create_default_context()
+            context = self._ssl
+        try:
+            async with asyncio.timeout(timeout):
+                _, conn = await loop.create_connection(lambda: _Connection(loop), host, port, ssl=context)
+        except TimeoutError:
+            raise UpstreamError(f"connect to {host}:{port} timed out after {timeout:g} s", connect=True) from None
+        except OSError as exc:
+            raise UpstreamError(f"connect to {host}:{port} failed: {exc}", connect=True) from None
+        return conn
+
+    async def post_stream(self, url: str, content: bytes, headers: dict[str, str], *,
+                          connect_timeout: float, read_timeout: float) -> UpstreamResponse:
+        """POST ``content`` (JSON) to ``url`` and return once the status line and headers are in;
+        a kept-alive connection the server has meanwhile closed is retried once on a new one."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UpstreamError(f"unsupported upstream URL {url!r}")
+        key = (parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        head = [f"POST {target} HTTP/1.1\r\nHost: {parts.netloc}\r\nAccept: */*\r\n"
+                f"Accept-Encoding: identity\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(content)}\r\n"]
+        head.extend(f"{k}: {v}\r\n" for k, v in headers.items())
+        request = "".join(head).encode("latin-1") + b"\r\n" + content
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if conn.reusable:
+                try:
+                    return await self._exchange(key, conn, request, read_timeout)
+                except _Stale:
+                    break
+            conn.close()
+        return await self._exchange(key, await self._connect(key, connect_timeout), request, read_timeout,
+                                    fresh=True)
+
+    async def _exchange(self, key: tuple[str, str, int], conn: _Connection, request: bytes, timeout: float,
+                        *, fresh: bool = False) -> UpstreamResponse:
+        conn.transport.write(request)  # type: ignore[union-attr]
+        buf = b""
+        try:
+            while True:
+                data = await conn.receive(timeout)
+                if not data:
+                    conn.close()
+                    if not buf and not fresh:
+                        raise _Stale
+                    raise UpstreamError("upstream closed the connection before answering")
+                buf += data
+                while (cut := buf.find(b"\r\n\r\n")) >= 0:
+                    status, headers = _parse_head(buf[:cut])
+                    buf = buf[cut + 4:]
+                    if not 100 <= status < 200:
+                        return UpstreamResponse(self, key, conn, status, headers, buf, timeout)
+                if len(buf) > 8 * _MAX_LINE:
+                    raise UpstreamError("upstream response headers too long")
+        except BaseException:
+            conn.close()
+            raise
+
+    async def aclose(self) -> None:
+        """Close every idle connection."""
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.close()
+        self._idle.clear()
+
+
+class _Stale(Exception):
+    """A kept-alive connection was closed by the server before it answered (retried)."""
+
+
+def _parse_head(block: bytes) -> tuple[int, dict[str, str]]:
+    lines = block.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    code = rest[:3]
+    if not version.startswith("HTTP/1.") or not code.isdigit():
+        raise UpstreamError(f"bad status line from upstream: {lines[0][:80]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip():
+            raise UpstreamError(f"bad header line from upstream: {line[:80]!r}")
+        name, value = name.lower(), value.strip()
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return int(code), headers
+
+
+class _HttpxResponse:
+    """An ``httpx`` streamed response behind the same contract."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self.status = response.status_code
+        self.headers = response.headers
+        encoded = response.headers.get("content-encoding", "identity") not in ("", "identity")
+        raw = not encoded and not response.is_stream_consumed  # a mock's body may be read already
+        self._chunks = response.aiter_raw() if raw else response.aiter_bytes()
+
+    async def read(self) -> bytes:
+        try:
+            while True:
+                part = await self._chunks.__anext__()
+                if part:
+                    return part
+        except StopAsyncIteration:
+            return b""
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"{type(exc).__name__}: {exc}") from None
+
+    async def aread(self, limit: int = 1 << 20) -> bytes:
+        parts = []
+        while part := await self.read():
+            parts.append(part)
+        return b"".join(parts)[:limit]
+
+    async def aclose(self) -> None:
+        try:
+            await self._chunks.aclose()  # type: ignore[attr-defined]
+        finally:
+            await self.response.aclose()
+
+
+class HttpxUpstream:
+    """The decode-stream contract over an ``httpx.AsyncClient`` (tests inject mock transports)."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def post_stream(self, url: str, content: bytes, headers: dict[str, str], *,
+                          connect_timeout: float, read_timeout: float) -> _HttpxResponse:
+        """POST and return once the headers are in (errors as :class:`UpstreamError`)."""
+        request = self.client.build_request(
+            "POST", url, content=content, headers={"Content-Type": "application/json", **headers},
+            timeout=httpx.Timeout(read_timeout, connect=connect_timeout))
+        try:
+            return _HttpxResponse(await self.client.send(request, stream=True))
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"{type(exc).__name__}: {exc}",
+                                connect=isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))) from None
+
+    async def aclose(self) -> None:
+        """Nothing to close: the client belongs to whoever injected it."""
