@@ -1,0 +1,195 @@
+"""The decode stream's HTTP/1.1 client: chunked decoding at every split, and the pool against a
+scripted server on 127.0.0.1 (keep-alive reuse, abort by close, stale connections, timeouts)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from balanceroute.serving.upstream import ChunkedDecoder, UpstreamError, UpstreamPool
+
+pytestmark = pytest.mark.anyio
+
+
+def encode_chunked(pieces: list[bytes], *, ext: bool = False, trailers: list[bytes] = ()) -> bytes:
+    """``pieces`` as chunked transfer coding (optionally with chunk extensions and trailers)."""
+    out = [b"%x%s\r\n%s\r\n" % (len(p), b";name=v" if ext else b"", p) for p in pieces if p]
+    return b"".join(out) + b"0\r\n" + b"".join(t + b"\r\n" for t in trailers) + b"\r\n"
+
+
+def decode_all(parts: list[bytes]) -> tuple[bytes, ChunkedDecoder]:
+    decoder = ChunkedDecoder()
+    return b"".join(decoder.feed(p) for p in parts), decoder
+
+
+_pieces = st.lists(st.binary(min_size=0, max_size=40), max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_pieces, st.booleans(), st.lists(st.sampled_from([b"X-T: 1", b"Checksum: ab"]), max_size=2),
+       st.binary(max_size=5))
+def test_chunked_decoding_is_the_same_at_every_split(pieces: list[bytes], ext: bool, trailers: list[bytes],
+                                                     after: bytes) -> None:
+    wire = encode_chunked(pieces, ext=ext, trailers=trailers)
+    for cut in range(len(wire) + 1):
+        body, decoder = decode_all([wire[:cut], wire[cut:] + after])
+        assert body == b"".join(pieces) and decoder.done and decoder.extra == after
+        if cut < len(wire):
+            assert not decode_all([wire[:cut]])[1].done
+
+
+@settings(max_examples=100, deadline=None)
+@given(_pieces, st.data())
+def test_chunked_decoding_byte_by_byte_and_random_splits(pieces: list[bytes], data: st.DataObject) -> None:
+    wire = encode_chunked(pieces)
+    body, decoder = decode_all([wire[i:i + 1] for i in range(len(wire))])
+    assert body == b"".join(pieces) and decoder.done
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=8)))
+    parts = [wire[a:b] for a, b in zip([0, *cuts], [*cuts, len(wire)], strict=True)]
+    body, decoder = decode_all(parts)
+    assert body == b"".join(pieces) and decoder.done and decoder.extra == b""
+
+
+@pytest.mark.parametrize("wire", [b"zz\r\n", b"0x5\r\nhello\r\n", b"+5\r\nhello\r\n", b"1_0\r\n",
+                                  b"5\r\nhelloXY", b"-1\r\n", b"\r\n", b"5" * 9000])
+def test_chunked_decoding_rejects_malformed_framing(wire: bytes) -> None:
+    with pytest.raises(ValueError):
+        ChunkedDecoder().feed(wire)
+
+
+# ------------------------------------------------------------------ the pool over sockets
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def scripted_server(handler: Handler) -> AsyncIterator[tuple[str, dict[str, int]]]:
+    """A server on 127.0.0.1 running ``handler`` per connection; yields its URL and counters
+    (``connections``, ``closed_by_peer``)."""
+    seen = {"connections": 0, "closed_by_peer": 0}
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen["connections"] += 1
+        try:
+            await handler(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            seen["closed_by_peer"] += 1
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", seen
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    return await reader.readexactly(length)
+
+
+def chunked_head(status: int = 200) -> bytes:
+    return b"HTTP/1.1 %d OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" % status
+
+
+async def read_body(pool: UpstreamPool, url: str, **kw: float) -> tuple[int, bytes]:
+    resp = await pool.post_stream(url + "/v1/completions", b'{"a":1}', {"X-Request-Id": "r"},
+                                  connect_timeout=kw.get("connect", 5.0), read_timeout=kw.get("read", 5.0))
+    body = await resp.aread()
+    await resp.aclose()
+    return resp.status, body
+
+
+async def test_keep_alive_reuses_one_connection_for_sequential_streams() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                body = await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(chunked_head())
+            for piece in (b"data: " + body + b"\n\n", b"data: [DONE]\n\n"):
+                writer.write(encode_chunked([piece])[:-5])  # one chunk, no terminator yet
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+
+    pool = UpstreamPool()
+    async with scripted_server(handler) as (url, seen):
+        for _ in range(3):
+            assert await read_body(pool, url) == (200, b'data: {"a":1}\n\ndata: [DONE]\n\n')
+        assert seen["connections"] == 1
+        await pool.aclose()
+
+
+async def test_closing_before_the_end_drops_the_connection() -> None:
+    gone = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(chunked_head() + encode_chunked([b"data: {}\n\n"])[:-5])
+        await writer.drain()
+        assert await reader.read() == b""  # the client closed: vLLM would abort here
+        gone.set()
+
+    pool = UpstreamPool()
+    async with scripted_server(handler) as (url, seen):
+        resp = await pool.post_stream(url + "/x", b"{}", {}, connect_timeout=5, read_timeout=5)
+        assert await resp.read() == b"data: {}\n\n"
+        await resp.aclose()
+        await asyncio.wait_for(gone.wait(), 10)
+        assert seen["connections"] == 1 and not any(pool._idle.values())
+
+
+async def test_a_stale_idle_connection_is_replaced_and_content_length_bodies_read() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 503 Busy\r\nContent-Length: 4\r\n\r\nbusy")
+        await writer.drain()
+        # close the kept-alive connection before the client's next request
+
+    pool = UpstreamPool()
+    async with scripted_server(handler) as (url, seen):
+        assert await read_body(pool, url) == (503, b"busy")
+        assert await read_body(pool, url) == (503, b"busy")
+        assert seen["connections"] == 2
+
+
+async def test_read_timeout_connect_refusal_and_mid_body_close_raise_upstream_errors() -> None:
+    async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(chunked_head())
+        await writer.drain()
+        await reader.read()
+
+    pool = UpstreamPool()
+    async with scripted_server(stall) as (url, _):
+        resp = await pool.post_stream(url, b"{}", {}, connect_timeout=5, read_timeout=0.2)
+        with pytest.raises(UpstreamError, match="read timeout") as info:
+            await resp.read()
+        assert not info.value.connect
+        await resp.aclose()
+
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(chunked_head() + b"a\r\n01234")
+
+    async with scripted_server(cut) as (url, _):
+        resp = await pool.post_stream(url, b"{}", {}, connect_timeout=5, read_timeout=5)
+        with pytest.raises(UpstreamError, match="mid-response"):
+            await resp.aread()
+        await resp.aclose()
+
+    with pytest.raises(UpstreamError) as info:  # the server above is gone: refused
+        await pool.post_stream(url, b"{}", {}, connect_timeout=5, read_timeout=5)
+    assert info.value.connect
+    with pytest.raises(UpstreamError, match="unsupported"):
+        await pool.post_stream("ftp://x/y", b"{}", {}, connect_timeout=5, read_timeout=5)
+    await pool.aclose()
