@@ -111,8 +111,10 @@ class Event:
                 at = raw.find(b'"completion_tokens":', start, end)
                 if at >= 0:  # int() takes the digits as bytes and ignores surrounding spaces
                     stop = raw.find(b",", at + 20, end)
-                    with contextlib.suppress(ValueError):
+                    try:
                         self.completion_tokens = int(raw[at + 20:stop if stop >= 0 else end - 1])
+                    except ValueError:
+                        pass
                 else:
                     m = _COMPLETION.search(raw, start, end)
                     if m is not None:

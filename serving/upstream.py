@@ -63,6 +63,12 @@ class ChunkedDecoder:
         if self._state == _DONE:
             self.extra += data
             return b""
+        if self._state == _SIZE and not self._buf:  # fast path: exactly one whole chunk
+            eol = data.find(b"\r\n", 0, 18)
+            if eol > 0 and _HEX.fullmatch(data, 0, eol) is not None:
+                stop = eol + 2 + int(data[:eol], 16)
+                if stop > eol + 2 and len(data) == stop + 2 and data.endswith(b"\r\n"):
+                    return data[eol + 2:stop]
         buf = self._buf + data if self._buf else data
         out: list[bytes] = []
         pos, end, state = 0, len(buf), self._state
