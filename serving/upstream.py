@@ -26,6 +26,7 @@ import httpx
 __all__ = ["ChunkedDecoder", "HttpxUpstream", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
 
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f]")  # header smuggling: no CR, LF, NUL, ... in what we send
 _MAX_LINE = 8192  # a chunk-size or trailer line; the whole header block gets 8 × this
 _PAUSE_AT = 1 << 18  # buffered but unread bytes at which the socket stops being read
 _SIZE, _DATA, _CRLF, _TRAILER, _DONE = range(5)
@@ -334,11 +335,12 @@ class UpstreamPool:
             raise UpstreamError(f"unsupported upstream URL {url!r}")
         key = (parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        head = [f"POST {target} HTTP/1.1\r\nHost: {parts.netloc}\r\nAccept: */*\r\n"
-                f"Accept-Encoding: identity\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(content)}\r\n"]
-        head.extend(f"{k}: {v}\r\n" for k, v in headers.items())
-        request = "".join(head).encode("latin-1") + b"\r\n" + content
+        fields = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        if " " in target or _UNSAFE.search("".join((target, *headers, *headers.values()))) is not None:
+            raise UpstreamError("refusing to send a header or target with a control character")
+        request = (f"POST {target} HTTP/1.1\r\nHost: {parts.netloc.rpartition('@')[2]}\r\nAccept: */*\r\n"
+                   f"Accept-Encoding: identity\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(content)}\r\n{fields}\r\n").encode("latin-1") + content
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()

@@ -190,6 +190,8 @@ async def test_read_timeout_connect_refusal_and_mid_body_close_raise_upstream_er
     with pytest.raises(UpstreamError) as info:  # the server above is gone: refused
         await pool.post_stream(url, b"{}", {}, connect_timeout=5, read_timeout=5)
     assert info.value.connect
+    with pytest.raises(UpstreamError, match="control character"):
+        await pool.post_stream(url, b"{}", {"X-Bad": "a\r\nInjected: 1"}, connect_timeout=5, read_timeout=5)
     with pytest.raises(UpstreamError, match="unsupported"):
         await pool.post_stream("ftp://x/y", b"{}", {}, connect_timeout=5, read_timeout=5)
     await pool.aclose()
