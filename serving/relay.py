@@ -287,34 +287,39 @@ class RelayResponse(Response):
                 await self._on_close()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        task = asyncio.current_task()
-        state = {"done": False, "gone": False}
+        async def write(data: bytes) -> None:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+        async def run() -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await self._body(write)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         async def watch() -> None:
             while (await receive())["type"] != "http.disconnect":
                 pass
-            if not state["done"] and task is not None:
-                state["gone"] = True
-                task.cancel()
+            gone.append(True)
+            relay.cancel()
 
-        async def write(data: bytes) -> None:
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-
+        # The body runs in a task of its own: each upstream read wakes a short chain of
+        # coroutines, not the whole middleware stack this call is nested in.
+        gone: list[bool] = []
+        relay = asyncio.ensure_future(run())
         watcher = asyncio.ensure_future(watch())
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            await self._body(write)
-            state["done"] = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await relay
         except asyncio.CancelledError:
-            if not state["gone"] or task is None:
-                raise
-            task.uncancel()  # our own cancellation: the client left, the body's cleanup ran
+            task = asyncio.current_task()
+            if not gone or (task is not None and task.cancelling()):
+                raise  # cancelled from outside, not by the client leaving
         except OSError:  # ASGI 2.4 servers raise on a send after the client went away
             pass
         finally:
-            state["done"] = True
             watcher.cancel()
+            if not relay.done():
+                relay.cancel()
+                with contextlib.suppress(BaseException):
+                    await relay
             await self.discard()
 
 
