@@ -19,7 +19,7 @@ saturated closed loop, a decode-heavy workload (ServeGen DeepSeek-R1, outputs sc
 the emulator's measured mean imbalance and token throughput (emulated time).
 
     python benchmarks/bench_proxy.py [--section overhead|peer|policies|all] [--quick] [--json]
-                                     [--vllm-router PATH]
+                                     [--vllm-router PATH] [--floor]
 """
 
 from __future__ import annotations
@@ -257,24 +257,41 @@ async def _closed_loop(url: str, streams: int, n: int, seconds: float) -> tuple[
     return counts[0], counts[1] * n, elapsed
 
 
-def _routers(mapping: dict[str, Any], exe: str | None) -> list[tuple[str, Any]]:
-    """(name, context manager yielding (url, process)) of ours and, when installed, the peer.
-    Ours without health probes: on a saturated machine one late probe ejects a replica (issue
-    12), and vllm-router probes once a minute; the relay is what is measured."""
+@contextlib.contextmanager
+def relay_floor(worker_urls: list[str]) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``benchmarks/relay_floor.py`` (a bare ASGI pipe through the proxy's upstream client) on
+    a free 127.0.0.1 port; yields its URL and process."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay_floor.py")
+    with _router_process([sys.executable, script, str(port), ",".join(worker_urls)], url) as proc:
+        yield url, proc
+
+
+def _routers(mapping: dict[str, Any], exe: str | None, floor: bool = False) -> list[tuple[str, Any]]:
+    """(name, context manager yielding (url, process)) of ours, the peer when installed, and
+    the floor when asked. Ours without health probes: on a saturated machine one late probe
+    ejects a replica (issue 12), and vllm-router probes once a minute; the relay is what is
+    measured."""
     ours = {**mapping, "slots": 64, "policy": "br0", "health_interval_s": 0}
+    workers = [d["url"] for d in mapping["decode"]]
     out: list[tuple[str, Any]] = [("balanceroute", lambda: proxy_process(ours, []))]
     if exe:
-        out.append(("vllm-router", lambda: vllm_router(exe, [d["url"] for d in mapping["decode"]])))
+        out.append(("vllm-router", lambda: vllm_router(exe, workers)))
+    if floor:
+        out.append(("floor", lambda: relay_floor(workers)))
     return out
 
 
-def bench_peer(quick: bool, exe: str | None) -> dict[str, Any]:
+def bench_peer(quick: bool, exe: str | None, floor: bool = False) -> dict[str, Any]:
     """balanceroute serve and vllm-router, one after the other, in front of the same emulated
     decode cluster (G = 4, 20 ms steps), in rounds (direct, ours, peer; 3 rounds, 1 with
     ``quick``): added latency at 16 streams against the same round's direct read (chunks
     stamped), then, on unstamped (vLLM-shaped) chunks, the router pinned to one CPU and its CPU
     time over 64 streams (one token per chunk: no router falls behind at this rate, so the
-    emulator never merges tokens). Latencies: the median over rounds; CPU: totals over rounds."""
+    emulator never merges tokens). Latencies: the median over rounds; CPU: totals over rounds.
+    ``floor`` adds ``relay_floor.py`` (uvicorn piping bytes through the upstream client) as a
+    third router: what the HTTP stack and the sockets alone cost."""
     seconds = 4.0 if quick else 10.0
     rounds = 1 if quick else 3
     cpu = max(os.sched_getaffinity(0))
@@ -287,7 +304,7 @@ def bench_peer(quick: bool, exe: str | None) -> dict[str, Any]:
             direct, _ = asyncio.run(_measure([d["url"] for d in mapping["decode"]], 16, 200, seconds))
             d50, d99 = (float(x) for x in np.percentile(direct, [50, 99]) * 1e3)
             direct_runs.append({"p50_ms": d50, "p99_ms": d99, "tokens": int(direct.size)})
-            for name, start in _routers(mapping, exe):
+            for name, start in _routers(mapping, exe, floor):
                 with start() as (url, _):
                     lat, _ = asyncio.run(_measure([url], 16, 200, seconds))
                 p50, p99 = (float(x) for x in np.percentile(lat, [50, 99]) * 1e3)
@@ -295,7 +312,7 @@ def bench_peer(quick: bool, exe: str | None) -> dict[str, Any]:
                                                   "added_p99_ms": p99 - d99})
     with emulator(base) as mapping:  # vLLM-shaped chunks (no stamp) for the CPU rows
         for k in range(rounds):
-            for name, start in _routers(mapping, exe):
+            for name, start in _routers(mapping, exe, floor):
                 with start() as (url, proc):
                     pin(proc.pid, cpu)
                     before = cpu_seconds(proc.pid)
@@ -325,6 +342,7 @@ def bench_peer(quick: bool, exe: str | None) -> dict[str, Any]:
 def print_peer(result: dict[str, Any], exe: str | None) -> None:
     """The side-by-side table."""
     ours, peer = result["routers"]["balanceroute"], result["routers"].get("vllm-router")
+    columns = [ours, peer, *([result["routers"]["floor"]] if "floor" in result["routers"] else [])]
     rows = [
         ("proxy CPU per relayed token (µs)", "cpu_us_per_token", "{:.1f}"),
         ("chunks/s ceiling, one core", "chunks_per_cpu_s", "{:,.0f}"),
@@ -332,13 +350,14 @@ def print_peer(result: dict[str, Any], exe: str | None) -> None:
         ("added per-token latency P50, 16 streams (ms)", "added_p50_ms", "{:+.2f}"),
         ("added per-token latency P99, 16 streams (ms)", "added_p99_ms", "{:+.2f}"),
     ]
-    print(f"{'':<46} {'balanceroute':>16} {'vllm-router':>16}")
+    names = ["balanceroute", "vllm-router", "floor"][:len(columns)]
+    print(f"{'':<46} " + " ".join(f"{n:>16}" for n in names))
     for label, key, fmt in rows:
         if key is None:
-            cells = [f"{r['chunks_s']:,.0f} ({100 * r['core_share']:.0f} %)" if r else "—" for r in (ours, peer)]
+            cells = [f"{r['chunks_s']:,.0f} ({100 * r['core_share']:.0f} %)" if r else "—" for r in columns]
         else:
-            cells = [fmt.format(r[key]) if r else "—" for r in (ours, peer)]
-        print(f"{label:<46} {cells[0]:>16} {cells[1]:>16}")
+            cells = [fmt.format(r[key]) if r else "—" for r in columns]
+        print(f"{label:<46} " + " ".join(f"{c:>16}" for c in cells))
     d = result["direct"]
     print(f"direct from the emulator: per-token latency P50 {d['p50_ms']:.2f} ms, P99 {d['p99_ms']:.2f} ms; "
           f"tokens per chunk relayed: " + ", ".join(f"{k} {r['tokens_per_chunk']:.2f}"
@@ -391,6 +410,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="shorter runs")
     parser.add_argument("--repeats", type=int, default=1, help="policy runs per policy")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--floor", action="store_true",
+                        help="peer section: also measure benchmarks/relay_floor.py (the HTTP stack alone)")
     parser.add_argument("--vllm-router", metavar="PATH", default=default_vllm_router(),
                         help="vllm-router executable for the peer section (default: where "
                              "`make bench-venv` installs it); the section runs without it")
@@ -400,7 +421,7 @@ def main() -> int:
     if args.section in ("overhead", "all"):
         result["overhead"] = bench_overhead(args.quick)
     if args.section in ("peer", "all"):
-        result["peer"] = bench_peer(args.quick, exe)
+        result["peer"] = bench_peer(args.quick, exe, args.floor)
     if args.section in ("policies", "all"):
         result["policies"] = bench_policies(args.quick, args.repeats)
     if args.json:
