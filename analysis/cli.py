@@ -21,17 +21,13 @@ __all__ = ["register"]
 
 
 def _policy_names(text: str | None, option: str, *, quiet: bool = False) -> list[str]:
-    from balanceroute.analysis.policies import (
-        all_policy_names,
-        default_policy_names,
-        missing_extras,
-    )
+    from balanceroute.catalogue import CATALOGUE, default_names, missing_extras
 
-    valid = all_policy_names()
+    valid = list(CATALOGUE)
     if text is None:
         for name, extra in ({} if quiet else missing_extras()).items():
             print(f"note: {name} left out: install balanceroute[{extra}] for it", file=sys.stderr)
-        return default_policy_names()
+        return default_names()
     names = [n.strip() for n in text.split(",")]
     if not any(names):
         raise ValueError(f"{option} {text!r} names no policy; valid: {', '.join(valid)}")
@@ -105,8 +101,7 @@ def _run_compare(args: argparse.Namespace, names: list[str], *, reference: bool)
     workload = workload_from_args(args)
     series_path = getattr(args, "series", None)
     config = config_from_args(args, record_series=bool(series_path))
-    factory = make_factory(workload, num_replicas=config.num_replicas, seed=args.seed,
-                           train_fraction=args.train_fraction, params=params)
+    factory = make_factory(workload, seed=args.seed, train_fraction=args.train_fraction, params=params)
     test = factory.test_workload
     check_fill(test, config)
     extra = [b for b in BASELINES if b not in names] if reference else []

@@ -143,7 +143,7 @@ def saturated_capacity(workload: str, requests: int, seed: int, replicas: int, s
 
 def run_quality_cell(cell: Cell) -> list[dict[str, Any]]:
     """One policy on one matrix cell: its metrics (and, open loop, the capacity and rate used)."""
-    from balanceroute.core.policies.variants import build_policy
+    from balanceroute.catalogue import build_policy
     from balanceroute.core.simulator import SimConfig, simulate
 
     train, test = _load(cell.workload, int(cell.requests or 3_000), cell.seed)
@@ -152,8 +152,7 @@ def run_quality_cell(cell: Cell) -> list[dict[str, Any]]:
     knob = cell.option("ttft_slo_s", None)
     if knob is not None:
         params["ttft_slo_s"] = None if knob == "off" else float(knob)
-    policy = build_policy(cell.policy, train=train, test=test, num_replicas=cell.replicas,
-                          seed=cell.seed, **params)
+    policy = build_policy(cell.policy, params, train=train, test=test, seed=cell.seed)
     extra: dict[str, Any] = {}
     if load == "saturated":
         config = SimConfig(num_replicas=cell.replicas, slots=cell.slots, check_assignments=False)

@@ -41,7 +41,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import ClientDisconnect
 
-from balanceroute.core.simulator import StepModel
+from balanceroute.core.dynamics import StepModel
 
 from .protocol import SSE_DONE, error_body, words_prompt_tokens
 

@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from balanceroute.core import fused, projection, simulator, two_stage
+from balanceroute.core.dynamics import StepModel
 from balanceroute.core.policies import get_policy
 from balanceroute.core.policies.jsq import JSQPolicy
-from balanceroute.core.simulator import SimConfig, StepModel, simulate
+from balanceroute.core.simulator import SimConfig, simulate
 from benchmarks.reference import naive_simulate, reference_tick
 from tests.factories import lognormal_workload
 
