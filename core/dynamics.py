@@ -177,3 +177,4 @@ def replica_loads_at(replica: NDArray, start: NDArray, finish: NDArray, prompt: 
     for j, k in enumerate(steps.tolist()):
         on = (start <= k) & (finish >= k)
         out[j] = np.bincount(replica[on], weights=prompt[on] + (k - start[on]), minlength=num_replicas)
+    return out
