@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import hashlib
-import importlib.util
 import math
 import time
 from collections.abc import Callable
@@ -34,10 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from balanceroute.catalogue import CATALOGUE, build_policy, policy_entry
+from balanceroute.catalogue import build_policy, policy_entry
 
 from .policies import make_factory
-from .sweep import Cell
+from .quality import declare_quality, run_quality_cell
+from .sweep import Cell, RunByKind
+from .theory import balls_into_bins_max_load
 
 __all__ = [
     "FULL",
@@ -48,10 +49,10 @@ __all__ = [
     "TABLE1_POLICIES",
     "TABLE1_WORKLOADS",
     "Profile",
-    "available_policies",
     "cell_cost",
     "code_fingerprint",
     "declare",
+    "run_cell",
     "scaling_requests",
     "solver_status",
 ]
@@ -179,12 +180,6 @@ def code_fingerprint(part: str) -> str:
     return digest.hexdigest()[:12]
 
 
-def available_policies() -> list[str]:
-    """The catalogue's policy names whose extra is installed here."""
-    return [n for n, e in CATALOGUE.items()
-            if e.module is None or importlib.util.find_spec(e.module) is not None]
-
-
 def solver_status() -> tuple[bool, str, str | None, str | None]:
     """(usable, message, tick solver, clairvoyant solver): whether the exact solvers and their
     gap tooling import and have a backend."""
@@ -297,8 +292,6 @@ def declare(profile: Profile, available: list[str], *, solvers: bool | None = No
             for g in profile.ratio_replicas
         ]
     if profile.name in ("quick", "full"):  # decision quality and TTFT (analysis/quality.py)
-        from .quality import declare_quality
-
         grids.update(declare_quality(profile.name, sorted(have)))
     return {name: [_with_code(c) for c in cells] for name, cells in grids.items()}
 
@@ -527,8 +520,6 @@ def _run_tick_timing(cell: Cell) -> list[dict[str, Any]]:
 
 def _run_balls(cell: Cell) -> list[dict[str, Any]]:
     """Balls into bins with m = n = ``cell.replicas``: one row per repetition."""
-    from .theory import balls_into_bins_max_load
-
     d = int(cell.option("choices", 1))
     rng = np.random.default_rng([cell.seed, cell.replicas, d])
     return [{"rep": r, "bins": cell.replicas, "balls": cell.replicas, "choices": d,
@@ -613,15 +604,9 @@ def _run_competitive_ratio(cell: Cell) -> list[dict[str, Any]]:
     return rows
 
 
-def _run_quality(cell: Cell) -> list[dict[str, Any]]:
-    from .quality import run_quality_cell
-
-    return run_quality_cell(cell)
-
-
 RUNNERS: dict[str, Callable[[Cell], list[dict[str, Any]]]] = {
     "simulate": _run_simulate,
-    "quality": _run_quality,
+    "quality": run_quality_cell,
     "tick_timing": _run_tick_timing,
     "balls": _run_balls,
     "tick_gap": _run_tick_gap,
@@ -629,3 +614,6 @@ RUNNERS: dict[str, Callable[[Cell], list[dict[str, Any]]]] = {
     "competitive_ratio": _run_competitive_ratio,
 }
 """Cell kind → runner."""
+
+run_cell = RunByKind(RUNNERS)
+"""The reproduction's runner: each cell by its kind (what ``run_grid`` is given)."""

@@ -334,13 +334,15 @@ def add_quality_args(p: argparse.ArgumentParser) -> None:
 
 def run_quality(args: argparse.Namespace) -> int:
     """``balanceroute quality``: run a grid, print the per-cell numbers and the rule counts."""
-    from .experiments import available_policies
-    from .sweep import run_grid, write_csv
+    from balanceroute.catalogue import available_names
+
+    from .sweep import RunByKind, run_grid, write_csv
 
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
-    cells = declare_quality("full" if args.full else "quick", available_policies())[args.experiment]
-    grid = run_grid(cells, jobs=args.jobs, cache_dir=None, use_cache=False)
+    cells = declare_quality("full" if args.full else "quick", available_names())[args.experiment]
+    grid = run_grid(cells, RunByKind({"quality": run_quality_cell}), jobs=args.jobs,
+                    cache_dir=None, use_cache=False)
     rows = grid.rows
     if args.csv:
         write_csv(rows, args.csv)

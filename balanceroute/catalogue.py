@@ -23,7 +23,7 @@ from balanceroute.core.policies import get_policy
 from balanceroute.core.policies.base import Policy
 from balanceroute.core.workloads.base import Workload
 
-__all__ = ["CATALOGUE", "BuildInputs", "PolicyEntry", "build_policy", "default_names",
+__all__ = ["CATALOGUE", "BuildInputs", "PolicyEntry", "available_names", "build_policy", "default_names",
            "missing_extras", "policy_entry"]
 
 
@@ -189,6 +189,12 @@ def default_names() -> list[str]:
     """The default rows (:attr:`PolicyEntry.default`) whose extra is installed."""
     skipped = missing_extras()
     return [n for n, e in CATALOGUE.items() if e.default and n not in skipped]
+
+
+def available_names() -> list[str]:
+    """Every name whose extra is installed here."""
+    return [n for n, e in CATALOGUE.items()
+            if e.module is None or importlib.util.find_spec(e.module) is not None]
 
 
 def missing_extras() -> dict[str, str]:
