@@ -793,9 +793,9 @@ def _calibrated_intro(p: Any, data: dict[str, list[dict]]) -> str:
     """The calibrated Table 1's introduction, from the paper's numbers, the profile and the CSVs."""
     a_az, m_az = _implied_a("azure-2024")
     a_pr, m_pr = _implied_a("proprietary")
-    jsq = [float(r["envelope_mean"]) for r in data.get("table1", [])
-           if r["policy"] == "jsq" and _ok(r.get("envelope_mean"))]
-    ours = f" → M̄ ≈ {_int(sum(jsq) / len(jsq))} for JSQ" if jsq else ""
+    rows = [r for r in data.get("table1", []) if r["policy"] == "jsq" and _ok(r.get("envelope_mean"))]
+    jsq = [float(r["envelope_mean"]) for r in rows if r["workload"] == rows[0]["workload"]]
+    ours = f" → M̄ ≈ {_int(sum(jsq) / len(jsq))} for JSQ on {rows[0]['workload']}" if jsq else ""
     paper_jsq = paper.paper_row(paper.TABLE1, dataset="azure-2024", policy="jsq")
     tpot = f" (the paper's JSQ TPOT P95 is {_f(paper_jsq['tpot_ms_p95'], 0)} ms on Azure-2024)" if paper_jsq else ""
     cb, ca = p.calibrated_step
