@@ -171,6 +171,13 @@ def _paper_reduction(dataset: str, policy: str) -> float:
     return jsq["mean_imbalance"] / row["mean_imbalance"] if row and jsq else math.nan
 
 
+def _paper_scaling(replicas: int, policy: str) -> dict:
+    """The paper's scaling-table row (proprietary data) of ``policy`` at G = ``replicas``."""
+    row = paper.paper_row(paper.TABLE2, replicas=replicas, policy=policy)
+    assert row is not None, (replicas, policy)
+    return row
+
+
 def _dataset_of(workload: str) -> str | None:
     return next((d for d, w in paper.DATASET_WORKLOAD.items() if w == workload), None)
 
@@ -335,7 +342,7 @@ def _section_scaling(rows: list[dict], figures: dict[str, str]) -> Section:
         gs = sorted(jsq)
         if 4 in jsq and 16 in jsq and ds == "proprietary":
             ours = jsq[16]["mean_imbalance"] / jsq[4]["mean_imbalance"]
-            theirs = 675_607 / 75_326
+            theirs = _paper_scaling(16, "jsq")["mean_imbalance"] / _paper_scaling(4, "jsq")["mean_imbalance"]
             summary_lines.append(
                 f"Scaling, {w} vs the paper's proprietary data: JSQ's imbalance grows "
                 f"{_times(ours)} from G = 4 to 16 (paper {_times(theirs)}; "
@@ -346,12 +353,14 @@ def _section_scaling(rows: list[dict], figures: dict[str, str]) -> Section:
             line = (f"Scaling, {w}: BR-0's gain over JSQ goes from {_pct(br0[g0]['gain_vs_jsq_pct'])}"
                     f" at G = {g0} to {_pct(br0[g1]['gain_vs_jsq_pct'])} at G = {g1}")
             if ds == "proprietary":
-                line += " (paper: +11.4% at G = 4, +20.6% at G = 16)"
+                line += (f" (paper: {_pct(_paper_scaling(4, 'br0')['gain_vs_jsq_pct'])} at G = 4, "
+                         f"{_pct(_paper_scaling(16, 'br0')['gain_vs_jsq_pct'])} at G = 16)")
             if orc:
                 line += (f"; BR-H (oracle)'s from {_pct(orc[g0]['gain_vs_jsq_pct'])} to "
                          f"{_pct(orc[g1]['gain_vs_jsq_pct'])}")
                 if ds == "proprietary":
-                    line += " (paper: +13.7% → +34.6% over G = 4 → 16)"
+                    line += (f" (paper: {_pct(_paper_scaling(4, 'brh-oracle')['gain_vs_jsq_pct'])} → "
+                             f"{_pct(_paper_scaling(16, 'brh-oracle')['gain_vs_jsq_pct'])} over G = 4 → 16)")
             summary_lines.append(line + ".")
     out.append(_fig(figures, "scaling_imbalance", "imbalance versus G"))
     out.append(_fig(figures, "scaling_gain", "throughput gain over JSQ versus G"))
