@@ -177,7 +177,6 @@ class EmulatedCluster:
         self._task: asyncio.Task | None = None
         self.reset_stats()
 
-    # --------------------------------------------------------------- stats
     def reset_stats(self) -> None:
         """Start a new measurement window."""
         self.totals = StepTotals()
@@ -213,7 +212,6 @@ class EmulatedCluster:
                 for r in self.replicas],
         }
 
-    # ---------------------------------------------------------- lifecycle
     def start(self) -> None:
         """Start the decode loop on the running event loop."""
         if self._task is None:
@@ -227,7 +225,6 @@ class EmulatedCluster:
                 await self._task
             self._task = None
 
-    # ----------------------------------------------------------- requests
     def scaled(self, seconds: float) -> float:
         """Wall-clock seconds for ``seconds`` of emulated time."""
         return seconds * self.config.time_scale
@@ -308,7 +305,6 @@ class EmulatedCluster:
         self.replicas[g].killed = False
         self._work.set()
 
-    # ------------------------------------------------------------ the loop
     def _admit(self) -> bool:
         admitted = False
         slots = self.config.slots
