@@ -146,6 +146,16 @@ def test_progress_without_a_terminal_is_plain_log_lines() -> None:
     assert "left" in lines[0] and lines[-1].startswith("reproduce: 4/4 cells (100 %)")
 
 
+def test_progress_guesses_no_time_left_before_one_percent() -> None:
+    stream = io.StringIO()
+    with progress(12_000, "simulating", "req", stream=stream, interval_s=0.0, tty=False) as bar:
+        bar.update(1)  # e.g. the first request after a predictor fit: no rate to speak of yet
+        bar.update(118)
+        bar.update(1)
+    first, second, third = stream.getvalue().splitlines()[:3]
+    assert "left" not in first and "left" not in second and "left" in third
+
+
 def test_quiet_progress_prints_nothing() -> None:
     stream = io.StringIO()
     with progress(3, "tuning", "runs", stream=stream, interval_s=0.0, tty=False, quiet=True) as bar:
