@@ -212,7 +212,7 @@ def _apply_params_file(mapping: dict[str, Any], paths: list[str]) -> None:
 
 
 def _step_model(text: str):
-    from balanceroute.core.simulator import StepModel
+    from balanceroute.core.dynamics import StepModel
 
     return StepModel.parse(text)
 

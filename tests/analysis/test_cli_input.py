@@ -9,8 +9,8 @@ import json
 import pytest
 
 from balanceroute.cli import main
+from balanceroute.core.dynamics import StepModel
 from balanceroute.core.limits import Limits
-from balanceroute.core.simulator import StepModel
 from balanceroute.progress import progress
 
 SMALL = ["--workload", "azure-2024-long", "--requests", "600", "-G", "2", "-B", "8", "-q"]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from balanceroute.cli import build_parser
-from balanceroute.core.simulator import StepModel
+from balanceroute.core.dynamics import StepModel
 from balanceroute.core.state import ClusterState, PoolView
 from balanceroute.core.workloads.base import Workload
 from balanceroute.serving.cli import serve_config
