@@ -72,10 +72,12 @@ def register(subparsers: Any) -> None:
     run.add_argument("--solver-param", action="append", default=[], metavar="KEY=VALUE",
                      help="a backend parameter (repeatable): CP-SAT SatParameters field, HiGHS "
                           "option, CBC option or the PuLP solver's keyword")
-    run.add_argument("--relaxation", choices=("auto", "aggregate", "migration", "both", "none"),
+    run.add_argument("--relaxation",
+                     choices=("auto", "aggregate", "partition", "migration", "both", "all", "none"),
                      default="auto",
-                     help="clairvoyant: relaxations proving the lower bound (auto: aggregated, "
-                          "plus the migration relaxation where its exact DP fits)")
+                     help="clairvoyant: relaxations proving the lower bound (auto: the migration "
+                          "relaxation's exact DP where it fits, else the aggregated one and the "
+                          "one with pigeonhole cuts; both: aggregate + migration)")
     run.add_argument("--bound-time-limit", type=float, default=None,
                      help="clairvoyant: seconds per relaxation bound (default --time-limit)")
     run.add_argument("--polish-iters", type=int, default=100_000,
