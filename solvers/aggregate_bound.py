@@ -40,7 +40,7 @@ from .cpsat_backend import export_cpsat, run_cpsat
 from .instances import ClairvoyantInstance
 from .scaling import step_time_weights
 
-__all__ = ["METHODS", "RELAXATIONS", "AggregateBound", "aggregate_bound"]
+__all__ = ["METHODS", "RELAXATIONS", "AggregateBound", "aggregate_bound", "relaxation_at_schedule"]
 
 #: How ``gap`` names each relaxation's bound.
 METHODS = {"aggregate": "aggregated replica-free relaxation (CP-SAT)",
@@ -253,3 +253,51 @@ def aggregate_bound(
     bound = max(bound, 0.0) if math.isfinite(bound) else bound
     return AggregateBound(bound=float(bound), relaxation=float(value), status=status,
                           wall_s=time.perf_counter() - t0, method=METHODS[relaxation])
+
+
+def _least_envelope(loads: list[int], prompts: list[int], g_count: int, slots: int,
+                    relaxation: str) -> int:
+    """The least M(k) the relaxed model allows at a step with these active loads (and their
+    prompts): what the model's constraints on M(k) say, evaluated."""
+    from .migration import partition_envelope
+
+    if not loads:
+        return 0
+    if relaxation == "migration":
+        return partition_envelope(tuple(loads), g_count, slots)
+    env = max(max(loads), -(-sum(loads) // g_count))
+    if relaxation == "partition":
+        n_k, least = len(loads), min(loads)
+        for theta in set(prompts):
+            count = sum(p >= theta for p in prompts)
+            if count > g_count:
+                env = max(env, theta * -(-count // g_count))  # (P1)
+        env = max(env, least * -(-n_k // g_count))  # (P2)
+        env = max(env, max(loads) + least * max(0, n_k - (g_count - 1) * slots - 1))  # (P3)
+    return env
+
+
+def relaxation_at_schedule(instance: ClairvoyantInstance, start: NDArray,
+                           relaxation: str = "aggregate") -> float:
+    """The relaxed model's objective at one schedule's start steps (decode steps; replicas play
+    no part), with every M(k) as small as the model allows. A work-conserving schedule is
+    feasible for the relaxed model, so this is an upper bound on the relaxation's optimum — the
+    most that relaxation could ever prove — and at most the schedule's own objective."""
+    if relaxation not in RELAXATIONS:
+        raise ValueError(f"relaxation={relaxation!r} must be one of {', '.join(RELAXATIONS)}")
+    inst = instance
+    st = np.asarray(start, dtype=np.int64)
+    if st.shape != (inst.num_requests,):
+        raise ValueError(f"start must have shape ({inst.num_requests},)")
+    s, o = inst.prompt_len, inst.output_len
+    total = 0.0
+    for k in range(int((st + o).max())):
+        live = np.flatnonzero((st <= k) & (k < st + o))
+        loads = [int(s[i] + k - st[i]) for i in live]
+        env = _least_envelope(loads, [int(s[i]) for i in live], inst.num_replicas, inst.slots,
+                              relaxation)
+        if inst.objective == "imbalance":
+            total += inst.num_replicas * env - sum(loads)
+        elif loads:
+            total += inst.step_b + inst.step_a * env
+    return float(total)

@@ -19,6 +19,10 @@ from balanceroute.progress import add_quiet_arg
 
 __all__ = ["register"]
 
+#: How ``gap`` names the relaxations in its ceiling line.
+CEILING_NAMES = {"aggregate": "aggregated", "partition": "pigeonhole cuts",
+                 "migration": "migration"}
+
 
 def register(subparsers: Any) -> None:
     """Add the ``gap`` subcommand."""
@@ -287,6 +291,11 @@ def _print_bounds(rows: list[dict]) -> None:
         share = f"{100 * r['bound_share']:.1f} %" if math.isfinite(r["bound_share"]) else "-"
         print(f"  {r['instance']}: best {_fmt(r['optimum'])}, lower bound {_fmt(r['bound'])} "
               f"({share} of best; {r['bound_method']})")
+        tops = [f"{name} {_fmt(r[f'ceiling_{key}'])}" for key, name in CEILING_NAMES.items()
+                if f"ceiling_{key}" in r]
+        if tops and r["reference"] != "optimum":
+            print(f"    the most each relaxation could prove (its value at the best schedule): "
+                  f"{', '.join(tops)}")
 
 
 def _print_instances(rows: list[dict], policies: list[str], label: str) -> None:

@@ -168,6 +168,7 @@ def clairvoyant_gap_rows(
                                   threads=threads, seed=seed, hint=start, relaxation=which,
                                   **_solver_options(None, f"{stem}-{which}", log_dir, export_dir))
             bounds[METHODS[which]] = agg.bound
+        ceilings = _ceilings(inst, start)
         finite = {m: b for m, b in bounds.items() if math.isfinite(b)}
         method = max(finite, key=lambda m: finite[m]) if finite else "none"
         lower = finite.get(method, math.nan)
@@ -187,6 +188,7 @@ def clairvoyant_gap_rows(
             "aggregate_s": agg.wall_s if agg else 0.0,
             "model_objective": sol.info.get("model_objective", math.nan),
             "model_bound": sol.info.get("model_bound", math.nan), "lp_bound": bounds["lp"],
+            **{f"ceiling_{name}": value for name, value in ceilings.items()},
             "reference": "optimum" if proven else "best schedule found",
             "reference_value": reference, "sense": "min", "message": sol.message,
         }
@@ -201,6 +203,22 @@ def clairvoyant_gap_rows(
         if progress is not None:
             progress()
     return rows
+
+
+#: Largest G·B for which the migration relaxation's value at a schedule is computed (its
+#: per-step exact partition is a branch and bound over the active requests).
+CEILING_MAX_SLOTS = 24
+
+
+def _ceilings(inst: ClairvoyantInstance, start: Any) -> dict[str, float]:
+    """Each relaxation's value at the best schedule found: the most it could ever prove here
+    (``aggregate_bound.relaxation_at_schedule``); ``nan`` for the migration one past
+    ``CEILING_MAX_SLOTS`` slots."""
+    from .aggregate_bound import RELAXATIONS, relaxation_at_schedule
+
+    big = inst.num_replicas * inst.slots > CEILING_MAX_SLOTS
+    return {name: math.nan if name == "migration" and big
+            else relaxation_at_schedule(inst, start, name) for name in RELAXATIONS}
 
 
 #: ``--relaxation`` choices besides ``auto`` and the relaxations they run.

@@ -10,7 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from balanceroute.solvers import ClairvoyantInstance, TickInstance, get_solver
-from balanceroute.solvers.aggregate_bound import aggregate_bound
+from balanceroute.solvers.aggregate_bound import (
+    RELAXATIONS,
+    aggregate_bound,
+    relaxation_at_schedule,
+)
+from balanceroute.solvers.bridge import simulate_schedule
 from balanceroute.solvers.bounds import (
     clairvoyant_lp_bound,
     clairvoyant_trivial_bound,
@@ -191,3 +196,31 @@ def test_pigeonhole_cuts_hand_values() -> None:
     assert aggregate_bound(inst).bound == 0.0
     assert aggregate_bound(inst, relaxation="partition").bound == 30.0
     assert enumerate_clairvoyant(inst) == 30.0
+
+
+@settings(max_examples=20, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(crowded_instances(max_requests=4))
+def test_relaxation_at_a_schedule_caps_what_it_proves(inst: ClairvoyantInstance) -> None:
+    # A policy's schedule is work-conserving, so it is feasible for every relaxed model: each
+    # relaxation's optimum is at most its value there, and that value at most the schedule's.
+    run = simulate_schedule(inst, "br0")
+    tops = [relaxation_at_schedule(inst, run.start, name) for name in RELAXATIONS]
+    assert tops == sorted(tops)  # aggregated ≤ pigeonhole ≤ migration, step by step
+    assert tops[-1] <= run.metrics["objective"] * (1 + 1e-9) + 1e-9
+    for name, top in zip(RELAXATIONS, tops, strict=True):
+        solved = aggregate_bound(inst, time_limit_s=60, relaxation=name)
+        assert solved.status == "OPTIMAL"
+        assert solved.bound <= top * (1 + 1e-6) + 1e-6, (name, inst.to_json())
+
+
+def test_relaxation_at_schedule_hand_values() -> None:
+    # Loads 50, 10, 10, 10 then 51, 11, 11, 11 on G = 2, B = 2 (all start at 0): aggregated
+    # M = 50, 51 → I = 20 + 18; the pigeonhole cut (P3) M = 60, 62 → 40 + 40, as the exact
+    # partition ({50, 10} | {10, 10}).
+    inst = ClairvoyantInstance(num_replicas=2, slots=2, prompt_len=[50, 10, 10, 10],
+                               output_len=[2, 2, 2, 2])
+    start = np.zeros(4, dtype=int)
+    assert [relaxation_at_schedule(inst, start, r) for r in RELAXATIONS] == [38.0, 80.0, 80.0]
+    with pytest.raises(ValueError, match="relaxation="):
+        relaxation_at_schedule(inst, start, "exact")
