@@ -15,13 +15,13 @@ from balanceroute.solvers.aggregate_bound import (
     aggregate_bound,
     relaxation_at_schedule,
 )
-from balanceroute.solvers.bridge import simulate_schedule
 from balanceroute.solvers.bounds import (
     clairvoyant_lp_bound,
     clairvoyant_trivial_bound,
     tick_lp_bound,
     tick_trivial_bound,
 )
+from balanceroute.solvers.bridge import simulate_schedule
 from balanceroute.solvers.migration import migration_bound_dp, partition_envelope
 from tests.solvers.brute import enumerate_clairvoyant
 from tests.solvers.extras import needs
