@@ -4,6 +4,8 @@ conservation on and off and both objectives for clairvoyant episodes."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -224,3 +226,12 @@ def test_relaxation_at_schedule_hand_values() -> None:
     assert [relaxation_at_schedule(inst, start, r) for r in RELAXATIONS] == [38.0, 80.0, 80.0]
     with pytest.raises(ValueError, match="relaxation="):
         relaxation_at_schedule(inst, start, "exact")
+    one = ClairvoyantInstance(num_replicas=1, slots=1, prompt_len=[5, 5], output_len=[1, 1],
+                              release=[0, 1])
+    with pytest.raises(ValueError, match="2 requests run at step 1"):
+        relaxation_at_schedule(dataclasses.replace(one, work_conserving=False), np.array([1, 1]))
+    with pytest.raises(ValueError, match="before its release"):
+        relaxation_at_schedule(one, np.array([0, 0]))
+    with pytest.raises(ValueError, match="not work-conserving"):
+        relaxation_at_schedule(one, np.array([2, 1]))  # request 0 waits at step 0, slot free
+    assert relaxation_at_schedule(one, np.array([0, 1])) == 0.0
