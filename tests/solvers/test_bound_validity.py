@@ -83,19 +83,37 @@ def clairvoyant_instances(draw) -> ClairvoyantInstance:
     )
 
 
-@settings(max_examples=30, deadline=None, derandomize=True,
+@st.composite
+def crowded_instances(draw, max_requests: int = 3) -> ClairvoyantInstance:
+    """More requests than replicas (G = 1 or 2), so the pigeonhole cuts bind; releases 0 or
+    spread, work conservation on or off."""
+    n = draw(st.integers(2, max_requests))
+    g = draw(st.integers(1, 2))
+    spread = draw(st.booleans())
+    return ClairvoyantInstance(
+        num_replicas=g, slots=draw(st.integers(2, 3)),
+        prompt_len=draw(st.lists(st.integers(1, 30), min_size=n, max_size=n)),
+        output_len=draw(st.lists(st.integers(1, 3), min_size=n, max_size=n)),
+        release=sorted(draw(st.lists(st.integers(0, 2 if spread else 0), min_size=n,
+                                     max_size=n))),
+        objective=draw(st.sampled_from(["imbalance", "step_time"])),
+        work_conserving=draw(st.booleans()), step_b=0.03, step_a=0.01,
+    )
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
-@given(clairvoyant_instances())
+@given(st.one_of(clairvoyant_instances(), crowded_instances()))
 def test_clairvoyant_bounds_are_valid(inst: ClairvoyantInstance) -> None:
     best = enumerate_clairvoyant(inst)
-    agg = aggregate_bound(inst, time_limit_s=60)
-    mig = aggregate_bound(inst, time_limit_s=60, relaxation="migration")
-    # Tiny: both proven, so the check is on the relaxations themselves; migration is the
-    # tighter one (it is the aggregated model plus an exact partition at every step).
-    assert agg.status == mig.status == "OPTIMAL"
-    assert mig.bound >= agg.bound - 1e-9
+    agg, cut, mig = (aggregate_bound(inst, time_limit_s=60, relaxation=r) for r in RELAXATIONS)
+    # Tiny: all proven, so the check is on the relaxations themselves; each is the one before
+    # plus constraints (pigeonhole cuts, then an exact partition at every step), and the cuts
+    # hold for every partition.
+    assert agg.status == cut.status == mig.status == "OPTIMAL"
+    assert agg.bound - 1e-9 <= cut.bound <= mig.bound + 1e-9
     for bound in (clairvoyant_lp_bound(inst), clairvoyant_trivial_bound(inst), agg.bound,
-                  mig.bound):
+                  cut.bound, mig.bound):
         assert bound <= best * (1 + 1e-9) + 1e-9, inst.to_json()
     sol = get_solver("clairvoyant-cpsat").solve(inst, time_limit_s=60)
     assert sol.objective == pytest.approx(best, rel=1e-9, abs=1e-9)
@@ -137,36 +155,6 @@ def test_migration_dp_on_the_hand_instance() -> None:
                                output_len=[1, 1, 1, 1])
     assert migration_bound_dp(inst) == 5.0
     assert migration_bound_dp(inst, max_states=0) is None  # gives up instead of running on
-
-
-@st.composite
-def crowded_instances(draw, max_requests: int = 3) -> ClairvoyantInstance:
-    """More requests than replicas (G = 1 or 2), so the pigeonhole cuts bind; releases 0 or
-    spread, work conservation on or off."""
-    n = draw(st.integers(2, max_requests))
-    g = draw(st.integers(1, 2))
-    spread = draw(st.booleans())
-    return ClairvoyantInstance(
-        num_replicas=g, slots=draw(st.integers(2, 3)),
-        prompt_len=draw(st.lists(st.integers(1, 30), min_size=n, max_size=n)),
-        output_len=draw(st.lists(st.integers(1, 3), min_size=n, max_size=n)),
-        release=sorted(draw(st.lists(st.integers(0, 2 if spread else 0), min_size=n,
-                                     max_size=n))),
-        objective=draw(st.sampled_from(["imbalance", "step_time"])),
-        work_conserving=draw(st.booleans()), step_b=0.03, step_a=0.01,
-    )
-
-
-@settings(max_examples=30, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(crowded_instances())
-def test_pigeonhole_relaxation_is_valid(inst: ClairvoyantInstance) -> None:
-    best = enumerate_clairvoyant(inst)
-    agg = aggregate_bound(inst, time_limit_s=60)
-    cut = aggregate_bound(inst, time_limit_s=60, relaxation="partition")
-    assert agg.status == cut.status == "OPTIMAL"
-    # The cuts only add constraints to the aggregated model, and hold for every partition.
-    assert agg.bound - 1e-9 <= cut.bound <= best * (1 + 1e-9) + 1e-9, inst.to_json()
 
 
 @settings(max_examples=20, deadline=None, derandomize=True,
