@@ -89,7 +89,8 @@ def workload_from_args(args: argparse.Namespace):
 def config_from_args(args: argparse.Namespace, **overrides: Any):
     """The :class:`SimConfig` the arguments describe, within the sanity limits; warns about
     flags that the chosen mode ignores."""
-    from balanceroute.core.simulator import SimConfig, StepModel
+    from balanceroute.core.dynamics import StepModel
+    from balanceroute.core.simulator import SimConfig
 
     limits = limits_from_args(args)
     limits.check("max_replicas", args.replicas, "--replicas")

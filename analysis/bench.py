@@ -186,9 +186,9 @@ def _build_tick_policy(name: str, train: Any, test: Any, horizon: int) -> Any:
 
     if name == "br0":
         return get_policy("br0")
-    from balanceroute.core.policies.variants import build_policy
+    from balanceroute.catalogue import build_policy
 
-    return build_policy("brh-survival", train=train, test=test, num_replicas=0, horizon=horizon)
+    return build_policy("brh-survival", {"horizon": horizon}, train=train, test=test)
 
 
 def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[int, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import json
 import math
 import sys
@@ -21,17 +22,13 @@ __all__ = ["register"]
 
 
 def _policy_names(text: str | None, option: str, *, quiet: bool = False) -> list[str]:
-    from balanceroute.analysis.policies import (
-        all_policy_names,
-        default_policy_names,
-        missing_extras,
-    )
+    from balanceroute.catalogue import CATALOGUE, default_names, missing_extras
 
-    valid = all_policy_names()
+    valid = list(CATALOGUE)
     if text is None:
         for name, extra in ({} if quiet else missing_extras()).items():
             print(f"note: {name} left out: install balanceroute[{extra}] for it", file=sys.stderr)
-        return default_policy_names()
+        return default_names()
     names = [n.strip() for n in text.split(",")]
     if not any(names):
         raise ValueError(f"{option} {text!r} names no policy; valid: {', '.join(valid)}")
@@ -105,8 +102,7 @@ def _run_compare(args: argparse.Namespace, names: list[str], *, reference: bool)
     workload = workload_from_args(args)
     series_path = getattr(args, "series", None)
     config = config_from_args(args, record_series=bool(series_path))
-    factory = make_factory(workload, num_replicas=config.num_replicas, seed=args.seed,
-                           train_fraction=args.train_fraction, params=params)
+    factory = make_factory(workload, seed=args.seed, train_fraction=args.train_fraction, params=params)
     test = factory.test_workload
     check_fill(test, config)
     extra = [b for b in BASELINES if b not in names] if reference else []
@@ -201,43 +197,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("workloads", help="list the bundled workloads")
     p.set_defaults(handler=_cmd_workloads)
 
-    p = sub.add_parser("bench", help="time the routing tick and the simulator on this machine",
-                       description="Tick latency (P50/P99) of BR-0 and BR-H on saturated states "
-                                   "and simulator replica-steps per second, each against a "
-                                   "pure-Python reference timed in the same run.")
-    from balanceroute.analysis.bench import add_bench_args, run_bench_command
+    from balanceroute.analysis.quality import QUALITY_POLICIES
 
-    add_bench_args(p)
-    p.set_defaults(handler=run_bench_command)
-
-    from balanceroute.analysis.predictors import add_predictors_args, run_predictors
-    from balanceroute.analysis.tune import add_tune_args, run_tune
-
-    p = sub.add_parser("predictors", help="calibration of the termination predictors (held out)",
-                       description="Fit every predictor on the training part of a trace and "
-                                   "report AUC, Brier score and ECE on the held-out part.")
-    add_predictors_args(p)
-    p.set_defaults(handler=run_predictors)
-
-    p = sub.add_parser("tune", help="search BR-H's H, gamma, beta, S_greedy on the training split")
-    add_tune_args(p)
-    p.set_defaults(handler=run_tune)
-
-    from balanceroute.analysis.quality import add_quality_args, run_quality
-
-    p = sub.add_parser("quality", help="the decision-quality matrix and its acceptance rules",
-                       description="Run the quality matrix (saturated and open-loop cells for "
-                                   "jsq, least_load, bfio-h0, br0, brh-survival, brh-oracle) or "
-                                   "the TTFT experiments; print per-cell numbers and how many "
-                                   "cells break each rule.")
-    add_quality_args(p)
-    p.set_defaults(handler=run_quality)
-
-    p = sub.add_parser("reproduce", help="regenerate every table and figure next to the paper's",
-                       description="Run the declared experiment grids (cached per cell), write "
-                                   "tidy CSVs, PNG figures and REPORT.md with our numbers next "
-                                   "to the paper's.")
-    from balanceroute.analysis.reproduce import add_arguments, run_reproduce
-
-    add_arguments(p)
-    p.set_defaults(handler=run_reproduce)
+    for name, module, add, run, help_text, description in (
+        ("bench", "bench", "add_bench_args", "run_bench_command",
+         "time the routing tick and the simulator on this machine",
+         "Tick latency (P50/P99) of BR-0 and BR-H on saturated states and simulator replica-steps "
+         "per second, each against a pure-Python reference timed in the same run."),
+        ("predictors", "predictors", "add_predictors_args", "run_predictors",
+         "calibration of the termination predictors (held out)",
+         "Fit every predictor on the training part of a trace and report AUC, Brier score and ECE "
+         "on the held-out part."),
+        ("tune", "tune", "add_tune_args", "run_tune",
+         "search BR-H's H, gamma, beta, S_greedy on the training split", None),
+        ("quality", "quality", "add_quality_args", "run_quality",
+         "the decision-quality matrix and its acceptance rules",
+         f"Run the quality matrix (saturated and open-loop cells for {', '.join(QUALITY_POLICIES)}) "
+         "or the TTFT experiments; print per-cell numbers and how many cells break each rule."),
+        ("reproduce", "reproduce", "add_arguments", "run_reproduce",
+         "regenerate every table and figure next to the paper's",
+         "Run the declared experiment grids (cached per cell), write tidy CSVs, PNG figures and "
+         "REPORT.md with our numbers next to the paper's."),
+    ):
+        mod = importlib.import_module(f"balanceroute.analysis.{module}")
+        p = sub.add_parser(name, help=help_text, description=description)
+        getattr(mod, add)(p)
+        p.set_defaults(handler=getattr(mod, run))

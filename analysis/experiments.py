@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import hashlib
-import importlib.util
 import math
 import time
 from collections.abc import Callable
@@ -34,7 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from .sweep import Cell
+from balanceroute.catalogue import build_policy, policy_entry
+
+from .policies import make_factory
+from .quality import declare_quality, run_quality_cell
+from .sweep import Cell, RunByKind
+from .theory import balls_into_bins_max_load
 
 __all__ = [
     "FULL",
@@ -45,10 +49,10 @@ __all__ = [
     "TABLE1_POLICIES",
     "TABLE1_WORKLOADS",
     "Profile",
-    "available_policies",
     "cell_cost",
     "code_fingerprint",
     "declare",
+    "run_cell",
     "scaling_requests",
     "solver_status",
 ]
@@ -146,15 +150,17 @@ def scaling_requests(profile: Profile, replicas: int, slots: int) -> int:
                    profile.scaling_cap))
 
 
-_PREDICTOR_CODE = ("policies/brh.py", "policies/variants.py", "predictors/", "projection.py")
+_PREDICTOR_CODE = ("policies/brh.py", "predictors/", "projection.py")
 
 
 @lru_cache(maxsize=4)
 def code_fingerprint(part: str) -> str:
     """A short hash of the source files a cell's result depends on, stored in the cell (so in its
     cache key and CSV row): ``base`` = ``balanceroute.core`` without the BR-H / predictor
-    modules, ``brh`` = all of ``core``, ``solvers`` = ``base`` + ``balanceroute.solvers``.
+    modules, ``brh`` = all of ``core``, ``solvers`` = ``base`` + ``balanceroute.solvers``; each
+    with the policy catalogue (``balanceroute/catalogue.py``), which builds every policy.
     Editing the simulator re-runs every cell; editing a predictor re-runs only ``brh-*`` cells."""
+    import balanceroute.catalogue as catalogue
     import balanceroute.core as core
 
     roots = [("core", Path(core.__file__).parent)]
@@ -170,22 +176,8 @@ def code_fingerprint(part: str) -> str:
                 continue
             digest.update(f"{name}/{rel}\0".encode())
             digest.update(path.read_bytes())
+    digest.update(Path(catalogue.__file__).read_bytes())
     return digest.hexdigest()[:12]
-
-
-def available_policies() -> list[str]:
-    """The policy names that can run here: ``analysis.policies.all_policy_names()`` plus the
-    ``brh-*`` variants ``core.policies.variants`` builds (``brh-learned`` only with torch)."""
-    from balanceroute.analysis.policies import all_policy_names
-
-    names = list(all_policy_names())
-    try:
-        from balanceroute.core.policies.variants import BRH_VARIANTS
-    except ImportError:
-        return names
-    torch = importlib.util.find_spec("torch") is not None
-    names += [n for n in BRH_VARIANTS if n not in names and (torch or n != "brh-learned")]
-    return names
 
 
 def solver_status() -> tuple[bool, str, str | None, str | None]:
@@ -300,8 +292,6 @@ def declare(profile: Profile, available: list[str], *, solvers: bool | None = No
             for g in profile.ratio_replicas
         ]
     if profile.name in ("quick", "full"):  # decision quality and TTFT (analysis/quality.py)
-        from .quality import declare_quality
-
         grids.update(declare_quality(profile.name, sorted(have)))
     return {name: [_with_code(c) for c in cells] for name, cells in grids.items()}
 
@@ -332,7 +322,7 @@ def cell_cost(cell: Cell) -> float:
 
 
 def _step_model(cell: Cell):
-    from balanceroute.core.simulator import StepModel
+    from balanceroute.core.dynamics import StepModel
 
     return StepModel(b=cell.step_b, a=cell.step_a, c=cell.step_c)
 
@@ -343,19 +333,17 @@ def _split(cell: Cell, *, always: bool):
     With ``always`` (comparisons) and ``train_fraction`` f > 0 the trace is split here, the
     same way for every policy whether or not a predictor is fitted: the first ⌊f·n⌋ requests
     train, the rest are simulated — so a baseline's cell does not change when predictor-based
-    rows appear. Otherwise only ``brh-*`` cells split. Policies come from
-    :func:`balanceroute.analysis.policies.make_factory`; if its split of a ``brh-*`` name
-    differs from this one, the policy is built with ``core.policies.variants.build_policy`` on
-    this split instead.
+    rows appear. Otherwise only cells of policies that fit a predictor split. Policies come
+    from :func:`~.policies.make_factory`; if its split for such a policy differs from this
+    one, the policy is built with the catalogue's ``build_policy`` on this split instead.
     """
-    from balanceroute.analysis.policies import make_factory
     from balanceroute.core.workloads import load_workload
 
     workload = load_workload(cell.workload, requests=cell.requests, seed=cell.seed,
                              min_output=cell.min_output)
-    kw = {"num_replicas": cell.replicas, "seed": cell.seed,
+    kw = {"seed": cell.seed,
           "train_fraction": cell.train_fraction if cell.train_fraction > 0 else 0.5}
-    needs = cell.policy.startswith("brh")
+    needs = policy_entry(cell.policy).training
     if cell.train_fraction <= 0 or not (always or needs):
         factory = make_factory(workload, **{**kw, "train_fraction": kw["train_fraction"] if needs else 0.0})
         return factory.test_workload, factory
@@ -370,30 +358,17 @@ def _split(cell: Cell, *, always: bool):
             and np.array_equal(theirs.prompt_len, test.prompt_len)
             and np.array_equal(theirs.output_len, test.output_len)):
         return test, factory
-    from balanceroute.core.policies.variants import build_policy
-
     def build(name: str):
-        return build_policy(name, train=train, test=test, num_replicas=cell.replicas, seed=cell.seed)
+        return build_policy(name, train=train, test=test, seed=cell.seed)
 
     return test, build
 
 
-def replica_loads_at(result, prompt: np.ndarray, steps: np.ndarray, num_replicas: int) -> np.ndarray:
-    """Per-replica loads L_g(k) at the given ``steps``, rebuilt from a run's per-request
-    replica, start and finish steps: request i adds s_i + (k − start_i) for start_i ≤ k ≤
-    finish_i. Shape (len(steps), G)."""
-    rep, start, finish = result.replica, result.start_step, result.finish_step
-    out = np.zeros((steps.shape[0], num_replicas))
-    for j, k in enumerate(steps.tolist()):
-        on = (start <= k) & (finish >= k)
-        out[j] = np.bincount(rep[on], weights=prompt[on] + (k - start[on]), minlength=num_replicas)
-    return out
-
-
 def _run_simulate(cell: Cell) -> list[dict[str, Any]]:
-    """One policy on one workload and cluster: the simulator's metrics plus loaded-phase
-    throughput and envelope, and the cross-replica load spread on 256 sampled loaded steps
-    (mean standard deviation, mean max − mean gap, skewness of the deviations)."""
+    """One policy on one workload and cluster: the simulator's metrics plus the loaded phase's
+    mean envelope, load and active count, and the cross-replica load spread on 256 sampled
+    loaded steps (mean standard deviation, mean max − mean gap, skewness of the deviations)."""
+    from balanceroute.core.dynamics import replica_loads_at
     from balanceroute.core.simulator import SimConfig, simulate
 
     test, factory = _split(cell, always=True)
@@ -403,19 +378,15 @@ def _run_simulate(cell: Cell) -> list[dict[str, Any]]:
     m = dict(result.metrics)
     s = result.series
     k_end = max(int(m["loaded_steps"]), 1)
-    tokens = float(s["active"][:k_end].sum())
-    busy = float(s["step_time"][:k_end].sum())
     steps = np.unique(np.linspace(0, k_end - 1, min(256, k_end)).astype(np.int64))
-    loads = replica_loads_at(result, test.prompt_len.astype(np.float64), steps, cell.replicas)
+    loads = replica_loads_at(result.replica, result.start_step, result.finish_step,
+                             test.prompt_len.astype(np.float64), steps, cell.replicas)
     spread = loads.std(axis=1, ddof=1) if cell.replicas > 1 else np.zeros(steps.shape[0])
     dev = (loads - loads.mean(axis=1, keepdims=True)).ravel()
     skew = float((dev**3).mean() / dev.std() ** 3) if dev.std() > 0 else math.nan
     return [{
         "test_requests": len(test),
         **m,
-        "loaded_tokens": tokens,
-        "loaded_time_s": busy,
-        "throughput_loaded_tok_s": tokens / busy if busy else math.nan,
         "envelope_mean": float(s["envelope"][:k_end].mean()),
         "total_load_mean": float(s["total_load"][:k_end].mean()),
         "active_mean": float(s["active"][:k_end].mean()),
@@ -549,8 +520,6 @@ def _run_tick_timing(cell: Cell) -> list[dict[str, Any]]:
 
 def _run_balls(cell: Cell) -> list[dict[str, Any]]:
     """Balls into bins with m = n = ``cell.replicas``: one row per repetition."""
-    from .theory import balls_into_bins_max_load
-
     d = int(cell.option("choices", 1))
     rng = np.random.default_rng([cell.seed, cell.replicas, d])
     return [{"rep": r, "bins": cell.replicas, "balls": cell.replicas, "choices": d,
@@ -635,15 +604,9 @@ def _run_competitive_ratio(cell: Cell) -> list[dict[str, Any]]:
     return rows
 
 
-def _run_quality(cell: Cell) -> list[dict[str, Any]]:
-    from .quality import run_quality_cell
-
-    return run_quality_cell(cell)
-
-
 RUNNERS: dict[str, Callable[[Cell], list[dict[str, Any]]]] = {
     "simulate": _run_simulate,
-    "quality": _run_quality,
+    "quality": run_quality_cell,
     "tick_timing": _run_tick_timing,
     "balls": _run_balls,
     "tick_gap": _run_tick_gap,
@@ -651,3 +614,6 @@ RUNNERS: dict[str, Callable[[Cell], list[dict[str, Any]]]] = {
     "competitive_ratio": _run_competitive_ratio,
 }
 """Cell kind → runner."""
+
+run_cell = RunByKind(RUNNERS)
+"""The reproduction's runner: each cell by its kind (what ``run_grid`` is given)."""

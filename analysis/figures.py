@@ -120,15 +120,22 @@ def fig_table1_imbalance(rows: Sequence[dict], path: str | Path) -> Path | None:
             if prow is not None:
                 ax.plot(i + (j - (len(policies) - 1) / 2) * width, prow["mean_imbalance"], "o",
                         mfc="none", mec="black", ms=4)
-    ax.plot([], [], "o", mfc="none", mec="black", ms=4, label="paper (same row)")
     ax.set_yscale("log")
+    _table1_axes(ax, rows, workloads, "mean imbalance I (tokens, log scale)",
+                 "Barrier imbalance at G = {g}, B = {b}, a = {a:g} µs/token: ours (bars), paper (markers)")
+    return _save(fig, path)
+
+
+def _table1_axes(ax: Any, rows: Sequence[dict], workloads: list[str], ylabel: str, title: str) -> None:
+    """The shared frame of the Table-1 bar charts: the paper-marker legend entry, one tick per
+    workload, labels and the legend; ``title`` is formatted with the rows' G, B and a (µs)."""
+    ax.plot([], [], "o", mfc="none", mec="black", ms=4, label="paper (same row)")
     ax.set_xticks(range(len(workloads)))
     ax.set_xticklabels([_workload_label(w) for w in workloads])
-    ax.set_ylabel("mean imbalance I (tokens, log scale)")
-    ax.set_title(f"Barrier imbalance at G = 8, B = {rows[0]['slots']}, a = "
-                 f"{1e6 * rows[0]['step_a']:g} µs/token: ours (bars), paper (markers)", fontsize=9)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title.format(g=rows[0]["replicas"], b=rows[0]["slots"], a=1e6 * float(rows[0]["step_a"])),
+                 fontsize=9)
     ax.legend(ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.12))
-    return _save(fig, path)
 
 
 def _workload_label(w: str) -> str:
@@ -161,14 +168,9 @@ def fig_table1_gain(rows: Sequence[dict], path: str | Path) -> Path | None:
             if prow is not None and jsq is not None:
                 ax.plot(x, 100 * (prow["throughput_tok_s"] / jsq["throughput_tok_s"] - 1), "o",
                         mfc="none", mec="black", ms=4)
-    ax.plot([], [], "o", mfc="none", mec="black", ms=4, label="paper (same row)")
     ax.axhline(0, color="black", lw=0.8)
-    ax.set_xticks(range(len(workloads)))
-    ax.set_xticklabels([_workload_label(w) for w in workloads])
-    ax.set_ylabel("throughput gain over JSQ (%)")
-    ax.set_title(f"Throughput gain over JSQ at G = 8, B = {rows[0]['slots']}, a = "
-                 f"{1e6 * rows[0]['step_a']:g} µs/token (bars: ours, markers: paper)", fontsize=9)
-    ax.legend(ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    _table1_axes(ax, rows, workloads, "throughput gain over JSQ (%)",
+                 "Throughput gain over JSQ at G = {g}, B = {b}, a = {a:g} µs/token (bars: ours, markers: paper)")
     return _save(fig, path)
 
 
@@ -195,46 +197,43 @@ def _scaling_panel(ax, summary: list[dict], workload: str, key: str, policies: S
     ax.set_title(workload)
 
 
-def fig_scaling_imbalance(rows: Sequence[dict], path: str | Path) -> Path | None:
-    """Mean imbalance versus G (log–log) per policy, the paper's G = 4/8/16 points hollow."""
+def _scaling_figure(rows: Sequence[dict], path: str | Path, metric: str, ylabel: str, title: str,
+                    *, skip: str | None = None, log: bool = False) -> Path | None:
+    """One panel per workload of ``metric`` versus G per policy (less ``skip``), ours as lines
+    and the paper's as hollow markers; ``log``: a log y axis, else a zero line."""
     if not rows:
         return None
     plt = _plt()
     summary = tables.policy_summary(rows, by=("workload", "replicas"))
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
-    policies = _order(r["policy"] for r in summary)
+    policies = [p for p in _order(r["policy"] for r in summary) if p != skip]
     fig, axes = plt.subplots(1, len(workloads), figsize=(max(6.4, 5.0 * len(workloads)), 4.4), squeeze=False)
     for ax, w in zip(axes[0], workloads, strict=False):
-        _scaling_panel(ax, summary, w, "mean_imbalance", policies, "mean_imbalance")
-        ax.set_yscale("log")
-        ax.set_ylabel("mean imbalance I (tokens, log scale)")
+        _scaling_panel(ax, summary, w, metric, policies, metric)
+        if log:
+            ax.set_yscale("log")
+        else:
+            ax.axhline(0, color="black", lw=0.8)
+        ax.set_ylabel(ylabel)
     axes[0][0].plot([], [], "o", mfc="none", mec="black", mew=1.6, ms=9,
                     label="paper, same policy (proprietary data)")
-    fig.suptitle("Imbalance versus cluster size (mean over the loaded phase, ± sd over seeds)",
-                 fontsize=10)
+    fig.suptitle(title, fontsize=10)
     _legend_below(fig, axes[0][0])
     return _save(fig, path, layout=False)
+
+
+def fig_scaling_imbalance(rows: Sequence[dict], path: str | Path) -> Path | None:
+    """Mean imbalance versus G (log–log) per policy, the paper's G = 4/8/16 points hollow."""
+    return _scaling_figure(
+        rows, path, "mean_imbalance", "mean imbalance I (tokens, log scale)",
+        "Imbalance versus cluster size (mean over the loaded phase, ± sd over seeds)", log=True)
 
 
 def fig_scaling_gain(rows: Sequence[dict], path: str | Path) -> Path | None:
     """Throughput gain over JSQ versus G, ours (lines) and the paper's (hollow markers)."""
-    if not rows:
-        return None
-    plt = _plt()
-    summary = tables.policy_summary(rows, by=("workload", "replicas"))
-    workloads = list(dict.fromkeys(r["workload"] for r in rows))
-    policies = [p for p in _order(r["policy"] for r in summary) if p != "jsq"]
-    fig, axes = plt.subplots(1, len(workloads), figsize=(max(6.4, 5.0 * len(workloads)), 4.4), squeeze=False)
-    for ax, w in zip(axes[0], workloads, strict=False):
-        _scaling_panel(ax, summary, w, "gain_vs_jsq_pct", policies, "gain_vs_jsq_pct")
-        ax.axhline(0, color="black", lw=0.8)
-        ax.set_ylabel("throughput gain over JSQ (%)")
-    axes[0][0].plot([], [], "o", mfc="none", mec="black", mew=1.6, ms=9,
-                    label="paper, same policy (proprietary data)")
-    fig.suptitle("Throughput gain over JSQ versus cluster size (loaded phase, ± sd over seeds)",
-                 fontsize=10)
-    _legend_below(fig, axes[0][0])
-    return _save(fig, path, layout=False)
+    return _scaling_figure(
+        rows, path, "gain_vs_jsq_pct", "throughput gain over JSQ (%)",
+        "Throughput gain over JSQ versus cluster size (loaded phase, ± sd over seeds)", skip="jsq")
 
 
 # ------------------------------------------------------------------------------ theory

@@ -143,7 +143,7 @@ def saturated_capacity(workload: str, requests: int, seed: int, replicas: int, s
 
 def run_quality_cell(cell: Cell) -> list[dict[str, Any]]:
     """One policy on one matrix cell: its metrics (and, open loop, the capacity and rate used)."""
-    from balanceroute.core.policies.variants import build_policy
+    from balanceroute.catalogue import build_policy
     from balanceroute.core.simulator import SimConfig, simulate
 
     train, test = _load(cell.workload, int(cell.requests or 3_000), cell.seed)
@@ -152,8 +152,7 @@ def run_quality_cell(cell: Cell) -> list[dict[str, Any]]:
     knob = cell.option("ttft_slo_s", None)
     if knob is not None:
         params["ttft_slo_s"] = None if knob == "off" else float(knob)
-    policy = build_policy(cell.policy, train=train, test=test, num_replicas=cell.replicas,
-                          seed=cell.seed, **params)
+    policy = build_policy(cell.policy, params, train=train, test=test, seed=cell.seed)
     extra: dict[str, Any] = {}
     if load == "saturated":
         config = SimConfig(num_replicas=cell.replicas, slots=cell.slots, check_assignments=False)
@@ -335,13 +334,15 @@ def add_quality_args(p: argparse.ArgumentParser) -> None:
 
 def run_quality(args: argparse.Namespace) -> int:
     """``balanceroute quality``: run a grid, print the per-cell numbers and the rule counts."""
-    from .experiments import available_policies
-    from .sweep import run_grid, write_csv
+    from balanceroute.catalogue import available_names
+
+    from .sweep import RunByKind, run_grid, write_csv
 
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
-    cells = declare_quality("full" if args.full else "quick", available_policies())[args.experiment]
-    grid = run_grid(cells, jobs=args.jobs, cache_dir=None, use_cache=False)
+    cells = declare_quality("full" if args.full else "quick", available_names())[args.experiment]
+    grid = run_grid(cells, RunByKind({"quality": run_quality_cell}), jobs=args.jobs,
+                    cache_dir=None, use_cache=False)
     rows = grid.rows
     if args.csv:
         write_csv(rows, args.csv)

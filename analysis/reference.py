@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from balanceroute.core.dynamics import request_metrics, step_metrics
+
 __all__ = ["naive_simulate", "reference_tick"]
 
 
@@ -223,7 +225,7 @@ def naive_simulate(workload: Any, policy: Any, config: Any, *,
     nxt = k = finished = generated = 0
     now = sum_i = sum_gm = sum_tau = 0.0
     loaded = (0.0, 0.0, 0)
-    loaded_rate = float("nan")
+    loaded_tokens, loaded_clock = 0, 0.0
     step = config.step_model
     t0 = time.perf_counter()
     while finished < n:
@@ -300,7 +302,7 @@ def naive_simulate(workload: Any, policy: Any, config: Any, *,
                     rep.slots[slot] = None
                     finished += 1
         if chosen:
-            loaded_rate = generated / now  # tokens and clock time up to the last assigning step
+            loaded_tokens, loaded_clock = generated, now  # up to the last assigning step
         k += 1
 
     out = np.array([r.output for r in requests], dtype=np.int64)
@@ -309,34 +311,14 @@ def naive_simulate(workload: Any, policy: Any, config: Any, *,
     joined = np.array([r.joined for r in requests])
     ticked = np.array([r.tick_time for r in requests])
     arrived = joined if saturated else np.array(arrival)
-    multi = out > 1
-    tpot = np.full(n, np.nan)
-    tpot[multi] = (last[multi] - first[multi]) / (out[multi] - 1)
-    ttft = first - arrived
-    wait = ticked - joined
-
-    def pct(values: np.ndarray, prefix: str, scale: float) -> dict[str, float]:
-        p50, p95, p99 = np.percentile(values, [50, 95, 99]) * scale
-        return {f"{prefix}_p50": float(p50), f"{prefix}_p95": float(p95), f"{prefix}_p99": float(p99)}
-
+    per_request, tpot, ttft, wait = request_metrics(out, first, last, arrived, ticked, joined)
     loaded_i, loaded_gm, loaded_steps = loaded
     metrics = {
         "requests": float(n),
-        "generated_tokens": float(generated),
-        "steps": float(k),
-        "loaded_steps": float(loaded_steps),
-        "mean_imbalance": loaded_i / max(loaded_steps, 1),
-        "mean_imbalance_all": sum_i / k,
-        "barrier_idle_fraction": loaded_i / loaded_gm if loaded_gm else 0.0,
-        "throughput_tok_s": generated / sum_tau,
-        "throughput_loaded_tok_s": loaded_rate,
-        "busy_time_s": sum_tau,
-        "makespan_s": now,
-        "mean_step_ms": 1e3 * sum_tau / k,
-        **pct(tpot[multi], "tpot_ms", 1e3),
-        **pct(ttft, "ttft_s", 1.0),
-        "pool_wait_mean_s": float(np.mean(wait)),
-        "pool_wait_p99_s": float(np.percentile(wait, 99)),
+        **step_metrics(steps=k, generated=generated, sum_i=sum_i, sum_tau=sum_tau,
+                       loaded_i=loaded_i, loaded_gm=loaded_gm, loaded_steps=loaded_steps,
+                       loaded_tokens=loaded_tokens, loaded_clock=loaded_clock, makespan=now),
+        **per_request,
     }
     return {
         "metrics": metrics,

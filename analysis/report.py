@@ -14,10 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from balanceroute.core.dynamics import StepModel
+from balanceroute.core.policies.br0 import BR0Policy
+from balanceroute.core.simulator import SimConfig
+
 from . import paper, tables, theory
+from .quality import quality_section
 from .sweep import read_csv
 
 __all__ = ["ReportContext", "build_report", "load_experiments"]
+
+_B_MS, _A_US = 1e3 * StepModel().b, 1e6 * StepModel().a  # the default step model, as printed
+_DEADLINE_S = BR0Policy().deadline_s
 
 EXPERIMENTS = ("table1", "table1_calibrated", "scaling", "step_model", "slots", "tick_timing", "tick_gap",
                "clairvoyant_gap", "competitive_ratio", "balls_into_bins", "quality", "ttft_pareto",
@@ -163,17 +171,29 @@ def _paper_reduction(dataset: str, policy: str) -> float:
     return jsq["mean_imbalance"] / row["mean_imbalance"] if row and jsq else math.nan
 
 
+def _paper_scaling(replicas: int, policy: str) -> dict:
+    """The paper's scaling-table row (proprietary data) of ``policy`` at G = ``replicas``."""
+    row = paper.paper_row(paper.TABLE2, replicas=replicas, policy=policy)
+    assert row is not None, (replicas, policy)
+    return row
+
+
 def _dataset_of(workload: str) -> str | None:
     return next((d for d, w in paper.DATASET_WORKLOAD.items() if w == workload), None)
 
 
+Section = tuple[str, list[str]]
+"""A report section's Markdown and the summary lines it contributes."""
+
+
 def _section_table1(rows: list[dict], ctx: ReportContext, figures: dict[str, str],
-                    summary_lines: list[str], *, experiment: str = "table1",
+                    *, experiment: str = "table1",
                     heading: str = "Table 1: policies × workloads at G = 8", intro: str = "",
-                    label: str = "Table 1") -> str:
+                    label: str = "Table 1") -> Section:
+    summary_lines: list[str] = []
     out = [f"## {heading}\n"]
     if not rows:
-        return out[0] + f"\nNo `{experiment}` data.\n"
+        return out[0] + f"\nNo `{experiment}` data.\n", summary_lines
     if intro:
         out.append(intro + "\n")
     summary = tables.policy_summary(rows, by=("workload",))
@@ -270,13 +290,14 @@ def _section_table1(rows: list[dict], ctx: ReportContext, figures: dict[str, str
               "the selectivity, bounded by the deadline.")
     out.append(_fig(figures, f"{experiment}_imbalance", "imbalance per policy and workload"))
     out.append(_fig(figures, f"{experiment}_gain", "throughput gain over JSQ per policy and workload"))
-    return "\n".join(out)
+    return "\n".join(out), summary_lines
 
 
-def _section_scaling(rows: list[dict], figures: dict[str, str], summary_lines: list[str]) -> str:
+def _section_scaling(rows: list[dict], figures: dict[str, str]) -> Section:
+    summary_lines: list[str] = []
     out = ["## Table 2: scaling with G (the paper's G = 4, 8, 16 and beyond: 32, 64, 128)\n"]
     if not rows:
-        return out[0] + "\nNo `scaling` data.\n"
+        return out[0] + "\nNo `scaling` data.\n", summary_lines
     summary = tables.policy_summary(rows, by=("workload", "replicas"))
     out.append(
         "Requests per run scale with the cluster so that it turns over its G·B slots many times: "
@@ -321,7 +342,7 @@ def _section_scaling(rows: list[dict], figures: dict[str, str], summary_lines: l
         gs = sorted(jsq)
         if 4 in jsq and 16 in jsq and ds == "proprietary":
             ours = jsq[16]["mean_imbalance"] / jsq[4]["mean_imbalance"]
-            theirs = 675_607 / 75_326
+            theirs = _paper_scaling(16, "jsq")["mean_imbalance"] / _paper_scaling(4, "jsq")["mean_imbalance"]
             summary_lines.append(
                 f"Scaling, {w} vs the paper's proprietary data: JSQ's imbalance grows "
                 f"{_times(ours)} from G = 4 to 16 (paper {_times(theirs)}; "
@@ -332,22 +353,25 @@ def _section_scaling(rows: list[dict], figures: dict[str, str], summary_lines: l
             line = (f"Scaling, {w}: BR-0's gain over JSQ goes from {_pct(br0[g0]['gain_vs_jsq_pct'])}"
                     f" at G = {g0} to {_pct(br0[g1]['gain_vs_jsq_pct'])} at G = {g1}")
             if ds == "proprietary":
-                line += " (paper: +11.4% at G = 4, +20.6% at G = 16)"
+                line += (f" (paper: {_pct(_paper_scaling(4, 'br0')['gain_vs_jsq_pct'])} at G = 4, "
+                         f"{_pct(_paper_scaling(16, 'br0')['gain_vs_jsq_pct'])} at G = 16)")
             if orc:
                 line += (f"; BR-H (oracle)'s from {_pct(orc[g0]['gain_vs_jsq_pct'])} to "
                          f"{_pct(orc[g1]['gain_vs_jsq_pct'])}")
                 if ds == "proprietary":
-                    line += " (paper: +13.7% → +34.6% over G = 4 → 16)"
+                    line += (f" (paper: {_pct(_paper_scaling(4, 'brh-oracle')['gain_vs_jsq_pct'])} → "
+                             f"{_pct(_paper_scaling(16, 'brh-oracle')['gain_vs_jsq_pct'])} over G = 4 → 16)")
             summary_lines.append(line + ".")
     out.append(_fig(figures, "scaling_imbalance", "imbalance versus G"))
     out.append(_fig(figures, "scaling_gain", "throughput gain over JSQ versus G"))
-    return "\n".join(out)
+    return "\n".join(out), summary_lines
 
 
-def _section_ticks(rows: list[dict], figures: dict[str, str], summary_lines: list[str]) -> str:
+def _section_ticks(rows: list[dict], figures: dict[str, str]) -> Section:
+    summary_lines: list[str] = []
     out = ["## Scheduling-tick overhead\n"]
     if not rows:
-        return out[0] + "\nNo `tick_timing` data.\n"
+        return out[0] + "\nNo `tick_timing` data.\n", summary_lines
     t = paper.TICK_OVERHEAD
     out.append(
         "States come from saturated simulations (azure-2024-long, B = 64) at each G and pool "
@@ -432,16 +456,17 @@ def _section_ticks(rows: list[dict], figures: dict[str, str], summary_lines: lis
         summary_lines.append(line + ".")
     out.append(_fig(figures, "tick_latency", "tick latency versus G"))
     out.append(_fig(figures, "tick_stages", "Stage 1 versus Stage 2 cost"))
-    return "\n".join(out)
+    return "\n".join(out), summary_lines
 
 
-def _section_optimality(data: dict[str, list[dict]], ctx: ReportContext, figures: dict[str, str],
-                        summary_lines: list[str]) -> str:
+def _section_optimality(data: dict[str, list[dict]], ctx: ReportContext,
+                        figures: dict[str, str]) -> Section:
+    summary_lines: list[str] = []
     out = ["## Optimality gaps against the exact solvers\n"]
     if not any(data.get(k) for k in ("tick_gap", "clairvoyant_gap", "competitive_ratio")):
         out.append(f"Not run: {ctx.solver_message}. Install the `solvers` extra "
                    "(`pip install 'balanceroute[solvers]'`) and re-run.\n")
-        return "\n".join(out)
+        return "\n".join(out), summary_lines
     tick = data.get("tick_gap", [])
     if tick:
         out.append(
@@ -545,11 +570,11 @@ def _section_optimality(data: dict[str, list[dict]], ctx: ReportContext, figures
                 f"({LABEL.get(worst['policy'], worst['policy'])}, G = {worst['replicas']}) against "
                 f"2 − 1/G = {_f(worst['bound'], 3)}.")
         out.append(_fig(figures, "optimality_competitive_ratio", "worst ratios against 2 - 1/G"))
-    return "\n".join(out)
+    return "\n".join(out), summary_lines
 
 
-def _section_theory(scaling: list[dict], balls: list[dict], figures: dict[str, str],
-                    summary_lines: list[str]) -> str:
+def _section_theory(scaling: list[dict], balls: list[dict], figures: dict[str, str]) -> Section:
+    summary_lines: list[str] = []
     out = ["## Theory: why imbalance grows with G (derivations in `papers/theory.md`)\n"]
     if scaling:
         summary = tables.policy_summary(scaling, by=("workload", "replicas"))
@@ -602,19 +627,21 @@ def _section_theory(scaling: list[dict], balls: list[dict], figures: dict[str, s
             "the balls-into-bins gap in counts does not arise; the imbalance is in *token weights*, "
             "which is the extreme-value model above.\n")
         out.append(_fig(figures, "theory_balls_into_bins", "balls into bins maximum load"))
-    return "\n".join(out)
+    return "\n".join(out), summary_lines
 
 
-def _section_step(rows: list[dict], figures: dict[str, str], summary_lines: list[str]) -> str:
+def _section_step(rows: list[dict], figures: dict[str, str]) -> Section:
+    summary_lines: list[str] = []
     out = ["## Step-time sensitivity: the gain depends on a/b\n"]
     if not rows:
-        return out[0] + "\nNo `step_model` data.\n"
+        return out[0] + "\nNo `step_model` data.\n", summary_lines
     summ = tables.step_model_summary(rows)
     w = rows[0]["workload"]
     out.append(
-        f"{w}, G = 8, B = {rows[0]['slots']}: τ = b + a·M with b = 30 ms and a = r × 0.2 µs/token. "
+        f"{w}, G = {rows[0]['replicas']}, B = {rows[0]['slots']}: τ = b + a·M with b = "
+        f"{_B_MS:g} ms and a = r × {_A_US:g} µs/token. "
         "Policies decide on loads, not times, so their schedules barely depend on (a, b) (only "
-        "the 30 s pool deadline is in seconds). Throughput is then tokens/step ÷ (b + a·M̄), and "
+        f"the {_DEADLINE_S:g} s pool deadline is in seconds). Throughput is then tokens/step ÷ (b + a·M̄), and "
         "the gain of policy P over baseline X is (n̄_P/n̄_X)·(b + a·M̄_X)/(b + a·M̄_P) − 1: a function "
         "of a/b alone. *Predicted* uses the envelopes M̄ and tokens per step n̄ of the r = 1 runs.\n")
     policies = [p for p in LABEL if p not in tables.BASELINES and any(r["policy"] == p for r in summ)]
@@ -648,11 +675,11 @@ def _section_step(rows: list[dict], figures: dict[str, str], summary_lines: list
             line + ". The throughput gain is a property of a/b, not of the routing alone: read "
             "through τ = b + a·M with τ ≈ its TPOT P95, the paper's BR-0 rows imply "
             f"a ≈ {_f(a_az, 2)} µs/token (Azure-2024) and {_f(a_pr, 2)} µs/token (proprietary) — "
-            f"{_f(a_az / 0.2, 1)}× and {_f(a_pr / 0.2, 1)}× our default 0.2 µs/token — with per-replica "
+            f"{_f(a_az / _A_US, 1)}× and {_f(a_pr / _A_US, 1)}× our default {_A_US:g} µs/token — with per-replica "
             f"envelopes below ≈ {_int(m_az)} and {_int(m_pr)} tokens, i.e. a step far more "
             "sensitive to the KV load per token than our default.")
     out.append(_fig(figures, "step_model", "gain versus the step model"))
-    return "\n".join(out)
+    return "\n".join(out), summary_lines
 
 
 def _implied_a(dataset: str, policy: str = "br0") -> tuple[float, float]:
@@ -670,10 +697,11 @@ def _implied_a(dataset: str, policy: str = "br0") -> tuple[float, float]:
     return a * 1e6, tau / a
 
 
-def _section_slots(rows: list[dict], figures: dict[str, str], summary_lines: list[str]) -> str:
+def _section_slots(rows: list[dict], figures: dict[str, str]) -> Section:
+    summary_lines: list[str] = []
     out = ["## Sensitivity to the slots per replica B\n"]
     if not rows:
-        return out[0] + "\nNo `slots` data.\n"
+        return out[0] + "\nNo `slots` data.\n", summary_lines
     summ = tables.policy_summary(rows, by=("slots",))
     w = rows[0]["workload"]
     out.append(
@@ -703,7 +731,7 @@ def _section_slots(rows: list[dict], figures: dict[str, str], summary_lines: lis
             + ", ".join(f"{_pct(r['gain_vs_best_baseline_pct'])} at B = {r['slots']}" for r in br)
             + f" ({w}, G = 8).")
     out.append(_fig(figures, "slots", "gain and imbalance cut versus B"))
-    return "\n".join(out)
+    return "\n".join(out), summary_lines
 
 
 def _section_setup(data: dict[str, list[dict]], ctx: ReportContext) -> str:
@@ -711,9 +739,10 @@ def _section_setup(data: dict[str, list[dict]], ctx: ReportContext) -> str:
     lines = ["## Setup and sizing choices\n"]
     lines.append(
         "- Simulator: `balanceroute.core.simulator`, step-synchronous: each decode step lasts "
-        "τ(k) = b + a·M(k) with b = 30 ms and a = 0.2 µs per KV token of the most loaded replica "
-        "(≈ 60 ms at G = 8, B = 64 on the decode-heavy workloads), saturated mode (the pool is "
-        "refilled to 2G requests before every tick), B = 64 slots per replica.\n"
+        f"τ(k) = b + a·M(k) with b = {_B_MS:g} ms and a = {_A_US:g} µs per KV token of the most "
+        f"loaded replica{_jsq_step(data.get('table1', []))}, saturated mode (the pool is "
+        f"refilled to {SimConfig(num_replicas=1).pool_target}G requests before every tick), "
+        f"B = {p.slots} slots per replica.\n"
         "- Metrics: mean imbalance I(k) = G·M(k) − Σ L_g(k) and TPOT P95 from the simulator; "
         "throughput is the *loaded-phase* throughput (tokens / time over the steps up to the last "
         "assignment), the analogue of the paper's saturated measurement; the simulator's "
@@ -727,8 +756,8 @@ def _section_setup(data: dict[str, list[dict]], ctx: ReportContext) -> str:
         f"{', '.join(map(str, p.replay_seeds))} on replays.\n"
         f"- G-scaling: requests = min(max({p.scaling_base:,}, {p.scaling_per_slot}·G·B), "
         f"{p.scaling_cap:,}) on {', '.join(p.scaling_workloads)}, G ∈ "
-        f"{{{', '.join(map(str, p.scaling_replicas))}}}, seeds {', '.join(map(str, p.scaling_seeds))} (mean ± sd in the figures). B stays 64 at every G; the cap "
-        "binds only at G = 128, where the held-out half still turns over every slot ≈ 15 times.\n"
+        f"{{{', '.join(map(str, p.scaling_replicas))}}}, seeds {', '.join(map(str, p.scaling_seeds))} "
+        f"(mean ± sd in the figures). B stays {p.slots} at every G; {_cap_words(p, data)}.\n"
         f"- Calibrated Table 1 (a what-if): {', '.join(p.calibrated_workloads)}, B = "
         f"{p.calibrated_slots}, b = {1e3 * p.calibrated_step[0]:g} ms, a = "
         f"{1e6 * p.calibrated_step[1]:g} µs/token, same requests and seeds as Table 1.\n"
@@ -747,13 +776,51 @@ def _section_setup(data: dict[str, list[dict]], ctx: ReportContext) -> str:
     return "\n".join(lines)
 
 
+def _jsq_step(rows: list[dict]) -> str:
+    """`` (JSQ's mean step: x ms at G = 8 on w)`` from the Table-1 rows, if any."""
+    jsq = [r for r in rows if r["policy"] == "jsq" and _ok(r.get("mean_step_ms"))]
+    if not jsq:
+        return ""
+    w = jsq[0]["workload"]
+    steps = [float(r["mean_step_ms"]) for r in jsq if r["workload"] == w]
+    return f" (JSQ's mean step {_f(sum(steps) / len(steps))} ms at G = {jsq[0]['replicas']} on {w})"
+
+
+def _cap_words(p: Any, data: dict[str, list[dict]]) -> str:
+    """Where the G-scaling request cap binds and how often the held-out part then turns over
+    every slot."""
+    capped = [g for g in p.scaling_replicas if p.scaling_per_slot * g * p.slots > p.scaling_cap]
+    if not capped:
+        return "the cap binds at no G of this run"
+    rows = data.get("scaling") or [{"train_fraction": 0.5}]
+    held_out = p.scaling_cap * (1.0 - float(rows[0]["train_fraction"]))
+    return (f"the cap binds only at G ≥ {capped[0]}, where the held-out part still turns over "
+            f"every slot ≈ {_f(held_out / (max(capped) * p.slots), 0)} times")
+
+
+def _calibrated_intro(p: Any, data: dict[str, list[dict]]) -> str:
+    """The calibrated Table 1's introduction, from the paper's numbers, the profile and the CSVs."""
+    a_az, m_az = _implied_a("azure-2024")
+    a_pr, m_pr = _implied_a("proprietary")
+    rows = [r for r in data.get("table1", []) if r["policy"] == "jsq" and _ok(r.get("envelope_mean"))]
+    jsq = [float(r["envelope_mean"]) for r in rows if r["workload"] == rows[0]["workload"]]
+    ours = f" → M̄ ≈ {_int(sum(jsq) / len(jsq))} for JSQ on {rows[0]['workload']}" if jsq else ""
+    paper_jsq = paper.paper_row(paper.TABLE1, dataset="azure-2024", policy="jsq")
+    tpot = f" (the paper's JSQ TPOT P95 is {_f(paper_jsq['tpot_ms_p95'], 0)} ms on Azure-2024)" if paper_jsq else ""
+    cb, ca = p.calibrated_step
+    return ("A what-if, not a measurement: read through τ = b + a·M, the paper's BR-0 rows "
+            f"imply a ≈ {_f(a_az, 2)} (Azure-2024) and {_f(a_pr, 2)} (proprietary) µs per KV token "
+            f"and per-replica envelopes below ≈ {_int(m_az)} and {_int(m_pr)} tokens (Step-time "
+            "section), i.e. a more load-sensitive step and fewer KV tokens per replica than our "
+            f"default (a = {_A_US:g} µs/token, B = {p.slots}{ours}). Here a = {1e6 * ca:g} µs/token, "
+            f"b = {1e3 * cb:g} ms and B = {p.calibrated_slots}, to bring JSQ's mean step towards "
+            f"the paper's TPOT{tpot}; the routing, workloads and seeds are unchanged.")
+
+
 def _rows_fraction(data: dict[str, list[dict]]) -> str:
     """The train fraction the table1 rows used, as a percentage string."""
     rows = data.get("table1") or data.get("scaling") or []
     return f"{100 * float(rows[0]['train_fraction']):.0f}%" if rows else "50%"
-
-
-from .quality import quality_section  # noqa: E402  (the decision-quality / TTFT section)
 
 
 def build_report(out_dir: str | Path, ctx: ReportContext, figures: dict[str, str]) -> str:
@@ -761,27 +828,22 @@ def build_report(out_dir: str | Path, ctx: ReportContext, figures: dict[str, str
     figure names to paths relative to ``out_dir``."""
     out = Path(out_dir)
     data = load_experiments(out / "data")
-    summary_lines: list[str] = []
-    sections = [
-        _section_table1(data.get("table1", []), ctx, figures, summary_lines),
+    parts = [
+        _section_table1(data.get("table1", []), ctx, figures),
         _section_table1(
-            data.get("table1_calibrated", []), ctx, figures, summary_lines,
+            data.get("table1_calibrated", []), ctx, figures,
             experiment="table1_calibrated", label="Calibrated Table 1",
             heading="Table 1 again, with the step model and B calibrated to the paper's numbers",
-            intro=("A what-if, not a measurement: read through τ = b + a·M, the paper's BR-0 rows "
-                   "imply a ≈ 1.2 µs per KV token and per-replica envelopes below ≈ 72 k tokens "
-                   "(Step-time section), i.e. a more load-sensitive step and fewer KV tokens per "
-                   "replica than our default (a = 0.2 µs/token, B = 64 → M̄ ≈ 200 k). Here "
-                   "a = 1.2 µs/token, b = 25 ms and B = 16, which puts JSQ's mean step near the "
-                   "paper's ≈ 90 ms TPOT; the routing, workloads and seeds are unchanged.")),
-        _section_scaling(data.get("scaling", []), figures, summary_lines),
-        _section_ticks(data.get("tick_timing", []), figures, summary_lines),
-        _section_optimality(data, ctx, figures, summary_lines),
-        _section_theory(data.get("scaling", []), data.get("balls_into_bins", []), figures, summary_lines),
-        _section_step(data.get("step_model", []), figures, summary_lines),
-        _section_slots(data.get("slots", []), figures, summary_lines),
-        quality_section(data, figures),
+            intro=_calibrated_intro(ctx.profile, data)),
+        _section_scaling(data.get("scaling", []), figures),
+        _section_ticks(data.get("tick_timing", []), figures),
+        _section_optimality(data, ctx, figures),
+        _section_theory(data.get("scaling", []), data.get("balls_into_bins", []), figures),
+        _section_step(data.get("step_model", []), figures),
+        _section_slots(data.get("slots", []), figures),
     ]
+    sections = [text for text, _ in parts] + [quality_section(data, figures)]
+    summary_lines = [line for _, lines in parts for line in lines]
     discussion_path = out / "DISCUSSION.md"
     discussion = (discussion_path.read_text().strip() if discussion_path.exists() else
                   "_No hand-written discussion yet: write `DISCUSSION.md` next to this report and "

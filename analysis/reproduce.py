@@ -79,13 +79,15 @@ def reproduce(
     ``out``. ``only``: a subset of experiment names (the others' CSVs are kept as they are);
     ``profile``: override the sizes (tests); ``on_start(n_cells)`` and ``on_done(outcome)``
     report progress."""
+    from balanceroute.catalogue import available_names
+
     from .experiments import (
         FULL,
         QUICK,
         TABLE1_POLICIES,
-        available_policies,
         cell_cost,
         declare,
+        run_cell,
         solver_status,
     )
     from .report import ReportContext, build_report
@@ -93,7 +95,7 @@ def reproduce(
 
     out = Path(out)
     prof = profile or (QUICK if quick else FULL)
-    available = [p for p in available_policies() if prof.policies is None or p in prof.policies]
+    available = [p for p in available_names() if prof.policies is None or p in prof.policies]
     usable, message, _, _ = solver_status()
     grids = declare(prof, available, solvers=None)
     if only:
@@ -109,7 +111,7 @@ def reproduce(
         cells = [c for cs in grids.values() for c in cs]
         if on_start is not None:
             on_start(len(cells))
-        grid = run_grid(cells, backend=backend, jobs=jobs, cache_dir=out / "cache",  # type: ignore[arg-type]
+        grid = run_grid(cells, run_cell, backend=backend, jobs=jobs, cache_dir=out / "cache",  # type: ignore[arg-type]
                         use_cache=use_cache, address=address, cost=cell_cost, on_done=on_done)
         for experiment in grids:
             rows = [r for r in grid.rows if r["experiment"] == experiment]

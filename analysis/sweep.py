@@ -23,7 +23,7 @@ import multiprocessing
 import os
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -34,8 +34,9 @@ __all__ = [
     "Cell",
     "CellOutcome",
     "GridResult",
+    "RunByKind",
+    "Runner",
     "read_csv",
-    "run_cell",
     "run_grid",
     "write_csv",
 ]
@@ -135,16 +136,24 @@ class GridResult:
     errors: list[tuple[Cell, str]] = field(default_factory=list)
 
 
-def run_cell(cell: Cell) -> list[dict[str, Any]]:
-    """Run one cell with its kind's runner; every row starts with the cell's fields."""
-    from .experiments import RUNNERS
+Runner = Callable[[Cell], list[dict[str, Any]]]
+"""A cell's runner: the cell → its rows."""
 
-    try:
-        runner = RUNNERS[cell.kind]
-    except KeyError:
-        raise ValueError(f"unknown cell kind {cell.kind!r}; valid: {', '.join(RUNNERS)}") from None
-    base = cell.fields()
-    return [{k: _plain(v) for k, v in {**base, **row}.items()} for row in runner(cell)]
+
+@dataclass(frozen=True, slots=True)
+class RunByKind:
+    """A runner that runs each cell with ``runners[cell.kind]``; every row starts with the
+    cell's fields. Picklable (module-level runners), so it crosses process and Ray workers."""
+
+    runners: Mapping[str, Runner]
+
+    def __call__(self, cell: Cell) -> list[dict[str, Any]]:
+        try:
+            runner = self.runners[cell.kind]
+        except KeyError:
+            raise ValueError(f"unknown cell kind {cell.kind!r}; valid: {', '.join(self.runners)}") from None
+        base = cell.fields()
+        return [{k: _plain(v) for k, v in {**base, **row}.items()} for row in runner(cell)]
 
 
 def _plain(value: Any) -> Any:
@@ -193,17 +202,18 @@ def _store(cache_dir: Path, outcome: CellOutcome) -> None:
 
 def run_grid(
     cells: Sequence[Cell],
+    runner: Runner,
     *,
     backend: Backend = "local",
     jobs: int | None = None,
     cache_dir: str | os.PathLike | None = None,
     use_cache: bool = True,
     address: str | None = None,
-    runner: Callable[[Cell], list[dict[str, Any]]] = run_cell,
     cost: Callable[[Cell], float] | None = None,
     on_done: Callable[[CellOutcome], None] | None = None,
 ) -> GridResult:
-    """Run ``cells`` and collect their rows.
+    """Run ``cells`` with ``runner`` (e.g. a :class:`RunByKind` over the experiments' runners)
+    and collect their rows.
 
     Cached cells (``use_cache``) are not run; the others run on ``backend`` with ``jobs``
     workers (default: the CPU count; ``jobs=1`` with the local backend runs in this process),

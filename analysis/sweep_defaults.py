@@ -55,7 +55,7 @@ def _grid(part: str) -> list[tuple[str, dict]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one part of the sweep and write one CSV row per (slice, load, policy, params)."""
-    from balanceroute.core.policies.variants import build_policy
+    from balanceroute.catalogue import build_policy
     from balanceroute.core.simulator import SimConfig, simulate
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     loads = ("saturated", 0.5, 1.0) if args.part == "br0" else ("saturated",)
     for label, train, test in training_slices():
         def build(name, train=train, test=test, **kw):
-            return build_policy(name, train=train, test=test, num_replicas=G, **kw)
+            return build_policy(name, kw, train=train, test=test)
 
         cap = simulate(test, build("jsq"), sat).metrics["throughput_loaded_tok_s"] / test.output_len.mean()
         native = (len(test) - 1) / float(test.arrival_s.max() - test.arrival_s.min())

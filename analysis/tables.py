@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from balanceroute.core.policies import BASELINES  # the policies "best baseline" ranges over
+
 __all__ = [
     "BASELINES",
     "THROUGHPUT",
@@ -29,8 +31,6 @@ __all__ = [
     "tick_summary",
 ]
 
-BASELINES = ("random", "round_robin", "power_of_two", "jsq", "least_load")
-"""The policies "best baseline" ranges over."""
 
 THROUGHPUT = "throughput_loaded_tok_s"
 """The throughput column gains are computed from."""

@@ -157,11 +157,11 @@ def format_tune(records: Sequence[dict], limit: int = 10) -> str:
 def run_tune(args: argparse.Namespace) -> int:
     """Handler of ``balanceroute tune``."""
     from balanceroute.analysis.args import limits_from_args, workload_from_args
-    from balanceroute.core.policies.variants import BRH_VARIANTS
+    from balanceroute.catalogue import CATALOGUE
     from balanceroute.core.predictors import split_workload
     from balanceroute.progress import progress
 
-    variants = {predictor: name for name, predictor in BRH_VARIANTS.items()}
+    variants = {e.predictor: n for n, e in CATALOGUE.items() if n.startswith("brh-")}
     if args.predictor not in variants:
         raise ValueError(f"--predictor {args.predictor!r}: choose one of {', '.join(variants)}")
     variant = variants[args.predictor]

@@ -77,7 +77,7 @@ class Progress:
         if self.total:
             text += f" ({100 * self.n / self.total:.0f} %)"
         text += f", {_clock(elapsed)} elapsed"
-        if 0 < self.n < self.total:
+        if 0 < self.n < self.total and 100 * self.n >= self.total:  # under 1 %: no honest guess
             text += f", ~{_clock(elapsed * (self.total - self.n) / self.n)} left"
         if self.postfix:
             text += f" [{self.postfix}]"

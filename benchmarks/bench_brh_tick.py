@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from balanceroute.core.policies.variants import build_policy
+from balanceroute.catalogue import build_policy
 from balanceroute.core.predictors import split_workload
 from balanceroute.core.simulator import SimConfig, simulate
 from balanceroute.core.workloads import load_workload
@@ -50,7 +50,7 @@ def main() -> None:
     print(f"{args.workload}: {len(test):,} requests, G={args.replicas}, B={args.slots}, pool {config.pool_target}")
     for name in args.policies.split(","):
         try:
-            timed = _Timed(build_policy(name, train=train, test=test, num_replicas=args.replicas))
+            timed = _Timed(build_policy(name, train=train, test=test))
         except ImportError as exc:
             print(f"{name:14s} skipped: {exc}")
             continue

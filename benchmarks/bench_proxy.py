@@ -393,7 +393,7 @@ def bench_policies(quick: bool, repeats: int) -> dict[str, Any]:
                 summary, _ = run_load_sync(workload, config)
             emu = summary["emulator"]
             runs[policy].append({"mean_imbalance": emu["mean_imbalance"], "throughput_tok_s": emu["throughput_tok_s"],
-                                 "loaded_throughput_tok_s": emu["loaded_throughput_tok_s"],
+                                 "throughput_loaded_tok_s": emu["throughput_loaded_tok_s"],
                                  "mean_step_ms": emu["mean_step_ms"], "ok": summary["ok"],
                                  "tpot_p50_ms": summary["tpot_ms_p50"], "wall_tok_s": summary["throughput_tok_s"]})
     mean = {p: {k: float(np.mean([r[k] for r in rs])) for k in rs[0]} for p, rs in runs.items()}

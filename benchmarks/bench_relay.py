@@ -31,7 +31,7 @@ from balanceroute.serving.config import ProxyConfig
 try:
     from balanceroute.serving.routes import create_proxy_app
 except ImportError:  # before the proxy was split by concern
-    from balanceroute.serving.proxy import create_proxy_app
+    from balanceroute.serving.routes import create_proxy_app
 
 
 def vllm_chunks(n: int) -> list[bytes]:

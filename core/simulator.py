@@ -23,51 +23,14 @@ from numpy.typing import NDArray
 
 from ._jit import HAVE_NUMBA
 from ._kernels import skip_tickless_steps
+from .dynamics import StepModel, request_metrics, step_metrics
 from .fused import fused_policy, run_fused
-from .keyvalue import parse_key_values
 from .outcomes import RequestColumns
 from .policies.base import Policy
 from .state import ClusterState, PoolView, validate_assignment
 from .workloads.base import Workload
 
-__all__ = ["SimConfig", "SimResult", "StepModel", "simulate"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StepModel:
-    """Step time ``τ(k) = b + max_g(a·L_g(k) + c·n_g(k))`` in seconds.
-
-    Defaults (b = 30 ms, a = 0.2 µs per KV token, c = 0) give a ~60 ms step at G = 8, B = 64 on
-    the decode-heavy bundled workloads, the regime of the paper (≈60 ms decode step).
-    With c = 0 this is ``b + a·M(k)``.
-    """
-
-    b: float = 0.030
-    a: float = 2.0e-7
-    c: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in ("b", "a", "c"):
-            value = getattr(self, name)
-            if not np.isfinite(value) or value < 0:
-                raise ValueError(f"step model {name}={value!r} must be a finite number >= 0")
-        if self.b == 0 and self.a == 0 and self.c == 0:
-            raise ValueError("step model b, a, c cannot all be 0")
-
-    @classmethod
-    def parse(cls, text: str) -> StepModel:
-        """From ``"b=0.03,a=2e-7,c=0"`` (any subset of the keys, each at most once; the rest
-        keep defaults)."""
-        parts = [p.strip() for p in text.split(",") if p.strip()]
-        values = parse_key_values(parts, ("a", "b", "c"), float, what="step model",
-                                  expected="a=..., b=... or c=...", kind="a number")
-        return cls(**values)
-
-    def step_time(self, loads: NDArray, active: NDArray) -> float:
-        """τ for one step given loads L_g and active counts n_g."""
-        if self.c == 0.0:
-            return self.b + self.a * float(loads.max())
-        return self.b + float(np.max(self.a * loads + self.c * active))
+__all__ = ["SimConfig", "SimResult", "simulate"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,16 +79,10 @@ class SimConfig:
 class SimResult:
     """Metrics of one run, per-request outcomes and (if asked) the per-step series.
 
-    Definitions: the *loaded phase* is steps 0..k_last where k_last is the last step at which any
-    request was assigned (after it the cluster only drains). ``mean_imbalance`` is the mean of
-    I(k) = G·M(k) − Σ_g L_g(k) over the loaded phase, ``mean_imbalance_all`` over every step;
-    ``barrier_idle_fraction`` = Σ I / Σ G·M over the loaded phase (share of replica capacity spent
-    waiting); ``throughput_tok_s`` = Σ o_i / Σ τ(k) over the whole run (drain included);
-    ``throughput_loaded_tok_s`` = tokens generated in the loaded phase / clock time at its end (the
-    steady-state rate a saturated deployment sees; equal to Σ over the phase of n(k) / Σ τ(k) when
-    there are no idle gaps); TPOT_i = (t_last − t_first) / (o_i − 1) over
-    requests with o_i > 1; TTFT_i = end of the first decode step − arrival (includes prefill delay
-    and pool wait); pool wait = tick time − time joined the pool.
+    The metrics and their definitions are :mod:`~balanceroute.core.dynamics`'s (the loaded
+    phase, ``mean_imbalance``, ``barrier_idle_fraction``, ``throughput_loaded_tok_s``, TPOT,
+    TTFT, pool wait), plus ``requests`` and ``makespan_s`` (the clock when the last request
+    finished).
     """
 
     metrics: dict[str, float]
@@ -163,13 +120,6 @@ class _Series:
 
     def arrays(self) -> dict[str, NDArray]:
         return {k: v[: self.n].copy() for k, v in self.cols.items()}
-
-
-def _percentiles(values: NDArray, prefix: str, scale: float) -> dict[str, float]:
-    if values.shape[0] == 0:
-        return {f"{prefix}_p50": float("nan"), f"{prefix}_p95": float("nan"), f"{prefix}_p99": float("nan")}
-    p50, p95, p99 = np.percentile(values, [50, 95, 99]) * scale
-    return {f"{prefix}_p50": float(p50), f"{prefix}_p95": float(p95), f"{prefix}_p99": float(p99)}
 
 
 Engine = Literal["auto", "fused", "generic"]
@@ -412,56 +362,38 @@ def _run_generic(prompt, output, ready, policy, config, progress) -> _Raw:
 
 
 def _result(raw: _Raw, n: int, output: NDArray, arrival: NDArray) -> SimResult:
-    """Metrics and per-request outcomes (SimResult's definitions) from either loop."""
-    multi = output > 1
-    tpot = (raw.cols.finish_time[multi] - raw.cols.first_time[multi]) / (output[multi] - 1)
-    ttft = raw.cols.first_time - arrival
-    wait = raw.cols.tick_time - raw.cols.joined
-    k, sum_tau = raw.steps, raw.sum_tau
+    """Metrics (:mod:`.dynamics`) and per-request outcomes from either loop."""
+    cols = raw.cols
     loaded_i, loaded_gm, loaded_steps = raw.loaded
+    tokens, clock = _loaded_window(cols, loaded_steps)
+    per_request, tpot, ttft, wait = request_metrics(output, cols.first_time, cols.finish_time,
+                                                     arrival, cols.tick_time, cols.joined)
     metrics: dict[str, float] = {
         "requests": float(n),
-        "generated_tokens": float(raw.generated),
-        "steps": float(k),
-        "loaded_steps": float(loaded_steps),
-        "mean_imbalance": loaded_i / max(loaded_steps, 1),
-        "mean_imbalance_all": raw.sum_i / k,
-        "barrier_idle_fraction": loaded_i / loaded_gm if loaded_gm else 0.0,
-        "throughput_tok_s": raw.generated / sum_tau,
-        "throughput_loaded_tok_s": _loaded_throughput(raw, loaded_steps),
-        "busy_time_s": sum_tau,
-        "makespan_s": raw.now,
-        "mean_step_ms": 1e3 * sum_tau / k,
-        **_percentiles(tpot, "tpot_ms", 1e3),
-        **_percentiles(ttft, "ttft_s", 1.0),
-        "pool_wait_mean_s": float(np.mean(wait)),
-        "pool_wait_p99_s": float(np.percentile(wait, 99)),
+        **step_metrics(steps=raw.steps, generated=raw.generated, sum_i=raw.sum_i,
+                       sum_tau=raw.sum_tau, loaded_i=loaded_i, loaded_gm=loaded_gm,
+                       loaded_steps=loaded_steps, loaded_tokens=tokens, loaded_clock=clock,
+                       makespan=raw.now),
+        **per_request,
     }
     return SimResult(
         metrics=metrics,
-        replica=raw.cols.replica,
-        start_step=raw.cols.start,
-        finish_step=raw.cols.finish,
+        replica=cols.replica,
+        start_step=cols.start,
+        finish_step=cols.finish,
         ttft_s=ttft,
-        tpot_s=_scatter(tpot, multi),
+        tpot_s=tpot,
         pool_wait_s=wait,
         series=raw.series,
     )
 
 
-def _loaded_throughput(raw: _Raw, loaded_steps: int) -> float:
-    """Tokens generated in steps 0..k_last over the clock time at the end of step k_last."""
+def _loaded_window(cols: RequestColumns, loaded_steps: int) -> tuple[float, float]:
+    """(tokens generated in steps 0..k_last, the clock at the end of step k_last)."""
     k_last = loaded_steps - 1
     if k_last < 0:
-        return float("nan")
-    started = raw.cols.start >= 0
-    active_steps = np.minimum(raw.cols.finish[started], k_last) - raw.cols.start[started] + 1
+        return 0.0, 0.0
+    started = cols.start >= 0
+    active_steps = np.minimum(cols.finish[started], k_last) - cols.start[started] + 1
     tokens = float(np.clip(active_steps, 0, None).sum())
-    t_end = float(np.max(raw.cols.first_time[raw.cols.start == k_last]))  # the end of step k_last
-    return tokens / t_end if t_end > 0 else float("nan")
-
-
-def _scatter(values: NDArray, mask: NDArray) -> NDArray:
-    out = np.full(mask.shape[0], np.nan)
-    out[mask] = values
-    return out
+    return tokens, float(np.max(cols.first_time[cols.start == k_last]))  # the end of step k_last

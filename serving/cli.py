@@ -76,8 +76,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="policy parameters from a `balanceroute tune --write-params` file (a "
                         "brh-<predictor> file applies to brh, which serves without a fitted "
                         "predictor); --policy-param overrides single keys")
-    p.add_argument("--ttft-slo", type=float, dest="ttft_slo_s", metavar="SECONDS",
-                   help="TTFT objective passed to the policy as ttft_slo_s (policies that take it)")
+    p.add_argument("--ttft-slo", dest="ttft_slo_s", metavar="SECONDS|off",
+                   help="soft first-token deadline passed to the policy as ttft_slo_s (policies "
+                        "that take it; br0/brh default 4 s); 'off' leaves only the KV-lease deadline")
     p.add_argument("--max-model-len", type=int, help="reject max_tokens above this with 400")
     p.add_argument("--metrics-urls", action="store_true", default=None,
                    help="label /metrics replicas with their URLs (index only by default)")
@@ -217,7 +218,7 @@ def _apply_params_file(mapping: dict[str, Any], paths: list[str]) -> None:
 
 
 def _step_model(text: str):
-    from balanceroute.core.simulator import StepModel
+    from balanceroute.core.dynamics import StepModel
 
     return StepModel.parse(text)
 

@@ -88,6 +88,19 @@ class OutlierConfig:
         return cls(**data)
 
 
+def parse_ttft_slo(value: object) -> float:
+    """A ``ttft_slo_s`` setting: seconds > 0, or ``"off"`` / ``inf`` (returned as ``inf``)."""
+    if isinstance(value, str) and value.strip().lower() == "off":
+        return math.inf
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"ttft_slo_s={value!r} must be a number of seconds > 0 or 'off'") from None
+    if not seconds > 0:  # NaN fails too
+        raise ValueError(f"ttft_slo_s={value!r} must be a number of seconds > 0 or 'off'")
+    return seconds
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PrefillEndpoint:
     """One prefill server. ``bootstrap_addr`` (Mooncake dialect only) is its bootstrap server,
@@ -164,7 +177,8 @@ class ProxyConfig:
 
     ``outlier``: ejection of failing replicas and prefill instances (:class:`OutlierConfig`).
     ``max_model_len``: when set, ``max_tokens`` above it is a 400 at the edge. ``ttft_slo_s``:
-    passed to the policy as its ``ttft_slo_s`` parameter when set.
+    passed to the policy as its ``ttft_slo_s`` parameter when set; ``"off"`` (or ``inf``) switches
+    the policy's urgency term off (the hard ``deadline_s`` alone); unset keeps the policy's default.
     """
 
     host: str = "127.0.0.1"
@@ -242,8 +256,8 @@ class ProxyConfig:
             raise ValueError(f"{self.bootstrap_port=} must be in 1..65535")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"{self.max_model_len=} must be >= 1")
-        if self.ttft_slo_s is not None and not (math.isfinite(self.ttft_slo_s) and self.ttft_slo_s > 0):
-            raise ValueError(f"{self.ttft_slo_s=} must be > 0 seconds")
+        if self.ttft_slo_s is not None:
+            object.__setattr__(self, "ttft_slo_s", parse_ttft_slo(self.ttft_slo_s))
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError(f"{self.log_level=} must be debug, info, warning or error")
         if self.upstream_api_key_env:  # the fleet-wide default for upstreams without their own
@@ -281,8 +295,8 @@ class ProxyConfig:
     def policy_parameters(self) -> dict[str, Any]:
         """``policy_params`` plus ``ttft_slo_s`` when it is set."""
         params = dict(self.policy_params)
-        if self.ttft_slo_s is not None:
-            params["ttft_slo_s"] = self.ttft_slo_s
+        if self.ttft_slo_s is not None:  # inf: "off", which the policies spell None
+            params["ttft_slo_s"] = None if math.isinf(self.ttft_slo_s) else self.ttft_slo_s
         return params
 
     @classmethod

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from balanceroute.core.policies.base import Policy
 from balanceroute.core.state import Assignment, ClusterState, PoolView, validate_assignment
 
 __all__ = ["Ledger", "NoReplica", "PoolFull", "Ticket"]
@@ -230,14 +229,6 @@ class Ledger:
         taken = set(decision.pool_index.tolist())
         self.pool = [t for j, t in enumerate(self.pool) if j not in taken]
         return placed
-
-    def tick(self, policy: Policy, now: float) -> list[Ticket]:
-        """One scheduling tick: ``policy.assign`` on the current state, applied."""
-        inputs = self.build_tick(now)
-        if inputs is None:
-            return []
-        state, view = inputs
-        return self.apply(state, view, policy.assign(state, view))
 
     def _bind(self, ticket: Ticket, g: int) -> None:
         slot = int(np.argmax(self.slot_rid[g] < 0))

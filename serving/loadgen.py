@@ -223,7 +223,7 @@ async def run_load(workload: Workload, config: LoadgenConfig, *,
     if emulator is not None:
         summary["emulator"] = {k: emulator[k] for k in (
             "mean_imbalance", "mean_imbalance_all", "barrier_idle_fraction", "throughput_tok_s",
-            "loaded_throughput_tok_s", "mean_step_ms", "steps", "generated_tokens", "kv") if k in emulator}
+            "throughput_loaded_tok_s", "mean_step_ms", "steps", "generated_tokens", "kv") if k in emulator}
     return summary, records
 
 

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import copy
 import hmac
-import inspect
 import logging
 import time
 import uuid
@@ -61,30 +60,19 @@ log = logging.getLogger("balanceroute.serving.proxy")
 
 
 def build_policy(config: ProxyConfig) -> Policy:
-    """The configured policy with ``policy_params`` (and ``ttft_slo_s`` when set);
-    ``deadline_s`` defaults to ``kv_lease_s − lease_margin_s`` for policies that take one, so
-    requests near the end of their KV lease are dispatched first."""
-    from balanceroute.core.policies import POLICIES, get_policy
+    """The configured policy (a catalogue row the proxy can run) with ``policy_params`` (and
+    ``ttft_slo_s`` when set); ``deadline_s`` defaults to ``kv_lease_s − lease_margin_s`` for
+    policies that take one, so requests near the end of their KV lease are dispatched first."""
+    from balanceroute.catalogue import build_policy as build
+    from balanceroute.catalogue import policy_entry
 
+    entry = policy_entry(config.policy, online=True)
     params = config.policy_parameters()
-    factory = POLICIES.get(config.policy)
-    if factory is not None:
-        with contextlib.suppress(TypeError, ValueError):
-            accepted = inspect.signature(factory).parameters
-            if "deadline_s" in accepted and "deadline_s" not in params:
-                params["deadline_s"] = config.kv_lease_s - config.lease_margin_s
-            if "ttft_slo_s" in params and "ttft_slo_s" not in accepted and not any(
-                    p.kind is p.VAR_KEYWORD for p in accepted.values()):
-                raise ValueError(f"policy {config.policy!r} does not take ttft_slo_s (--ttft-slo)")
-    return get_policy(config.policy, **params)
-
-
-def __getattr__(name: str) -> Any:  # the app factory's former home, kept importable
-    if name == "create_proxy_app":
-        from .routes import create_proxy_app
-
-        return create_proxy_app
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if entry.deadline and "deadline_s" not in params:
+        params["deadline_s"] = config.kv_lease_s - config.lease_margin_s
+    if "ttft_slo_s" in params and not entry.ttft_slo:
+        raise ValueError(f"policy {config.policy!r} does not take ttft_slo_s (--ttft-slo)")
+    return build(config.policy, params, online=True)
 
 
 def error_response(err: ApiError) -> JSONResponse:

@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 import uvicorn
 
-from .emulator import EmulatedCluster, EmulatorConfig, create_decode_app, create_prefill_app
+from .emulator import EmulatedCluster, EmulatorConfig
+from .emulator_app import create_decode_app, create_prefill_app
 
 __all__ = ["EmulatorThread", "ServerThread", "bind_socket", "configure_logging", "emulator_apps",
            "emulator_proxy_mapping", "serve_apps", "start_emulator"]

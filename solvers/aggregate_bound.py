@@ -40,11 +40,15 @@ from .cpsat_backend import export_cpsat, run_cpsat
 from .instances import ClairvoyantInstance
 from .scaling import step_time_weights
 
-__all__ = ["METHODS", "AggregateBound", "aggregate_bound"]
+__all__ = ["METHODS", "RELAXATIONS", "AggregateBound", "aggregate_bound", "relaxation_at_schedule"]
 
 #: How ``gap`` names each relaxation's bound.
 METHODS = {"aggregate": "aggregated replica-free relaxation (CP-SAT)",
+           "partition": "aggregated relaxation with pigeonhole cuts (CP-SAT)",
            "migration": "migration relaxation (CP-SAT)"}
+
+#: The relaxations :func:`aggregate_bound` solves, weakest first.
+RELAXATIONS = tuple(METHODS)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -58,6 +62,55 @@ class AggregateBound:
     status: str
     wall_s: float
     method: str = METHODS["aggregate"]
+
+
+def _pigeonhole(model: Any, k: int, active: list, loads: list, tops: list, env: Any,
+                prompts: list[int], g_count: int, slots: int) -> None:
+    """Partition cuts without replica variables at step k (valid for every split of the active
+    requests into G parts of at most B, so for the migration relaxation too):
+
+    (P1) threshold: the N_θ active requests with prompt ≥ θ have loads ≥ θ, and some part holds
+         ⌈N_θ/G⌉ of them: M(k) ≥ θ·⌈N_θ/G⌉ (for every θ shared by more than G prompts);
+    (P2) fullest part: some part holds ⌈n_k/G⌉ requests, each ≥ μ(k), the least active load:
+         M(k) ≥ μ(k)·⌈n_k/G⌉;
+    (P3) capacity: the other G − 1 parts hold at most (G − 1)·B requests, so the part of any
+         active i also holds at least e(k) = n_k − (G − 1)·B − 1 others, each ≥ μ(k):
+         M(k) ≥ ℓ_i(k) + μ(k)·max(0, e(k)).
+    """
+    count = len(active)
+    if count == 0:
+        return
+    top = max(tops)
+    n_k = model.new_int_var(0, count, f"n_{k}")
+    model.add(n_k == sum(active))
+    for theta in sorted(set(prompts)):
+        members = [a for a, p in zip(active, prompts, strict=True) if p >= theta]
+        if len(members) <= g_count:
+            continue  # ⌈N/G⌉ ≤ 1: already M ≥ every load
+        z = model.new_int_var(0, slots, f"z_{k}_{theta}")
+        model.add(g_count * z >= sum(members))
+        model.add(env >= theta * z)
+    # μ(k): the least load among the active requests (an inactive one counts as ``top``).
+    shifted = []
+    for i, (a_k, l_k) in enumerate(zip(active, loads, strict=True)):
+        v = model.new_int_var(0, top, f"v_{i}_{k}")
+        model.add(v == l_k).only_enforce_if(a_k)
+        model.add(v == top).only_enforce_if(a_k.Not())
+        shifted.append(v)
+    least = model.new_int_var(0, top, f"mu_{k}")
+    model.add_min_equality(least, shifted)
+    fullest = model.new_int_var(0, slots, f"c_{k}")
+    model.add(g_count * fullest >= n_k)  # ⌈n_k/G⌉ ≤ fullest
+    prod = model.new_int_var(0, slots * top, f"cm_{k}")
+    model.add_multiplication_equality(prod, [fullest, least])
+    model.add(env >= prod)
+    if count > (g_count - 1) * slots + 1:
+        extra = model.new_int_var(0, slots - 1, f"e_{k}")
+        model.add(extra >= n_k - (g_count - 1) * slots - 1)
+        rest = model.new_int_var(0, (slots - 1) * top, f"em_{k}")
+        model.add_multiplication_equality(rest, [extra, least])
+        for l_k in loads:
+            model.add(env >= l_k + rest)
 
 
 def _partition(model: Any, k: int, active: list, loads: list, tops: list, env: Any,
@@ -97,10 +150,12 @@ def aggregate_bound(
     """Solve the relaxed model of ``instance`` (at decode-step resolution whatever its
     ``step``); ``hint``: start steps of a known work-conserving schedule (e.g. a policy's).
     ``relaxation``: ``"aggregate"`` (envelope ≥ max(largest active load, mean): small, any
-    size) or ``"migration"`` (an exact partition of the active requests among the replicas at
-    every step: stronger, n·G·T more variables, for small episodes)."""
-    if relaxation not in ("aggregate", "migration"):
-        raise ValueError(f"relaxation={relaxation!r} must be 'aggregate' or 'migration'")
+    size), ``"partition"`` (the same plus the pigeonhole cuts of :func:`_pigeonhole`: O(n·T)
+    more variables, no replica index) or ``"migration"`` (an exact partition of the active
+    requests among the replicas at every step: stronger, n·G·T more variables, for small
+    episodes). Each is at least as strong as the one before."""
+    if relaxation not in RELAXATIONS:
+        raise ValueError(f"relaxation={relaxation!r} must be one of {', '.join(RELAXATIONS)}")
     from ortools.sat.python import cp_model
 
     t0 = time.perf_counter()
@@ -117,6 +172,7 @@ def aggregate_bound(
     active: list[list[Any]] = [[] for _ in range(horizon)]
     loads: list[list[Any]] = [[] for _ in range(horizon)]
     tops: list[list[int]] = [[] for _ in range(horizon)]  # each load's upper bound s_i + o_i − 1
+    prompts: list[list[int]] = [[] for _ in range(horizon)]  # each load's lower bound s_i
     peak = int(inst.slots * (s + o).max())  # B requests on one replica
     env = [model.new_int_var(0, peak, f"M_{k}") for k in range(horizon)]
     waiting = ([model.new_bool_var(f"w_{k}") for k in range(horizon)]
@@ -142,6 +198,7 @@ def aggregate_bound(
             active[k].append(a_k)
             loads[k].append(l_k)
             tops[k].append(int(s[i] + o[i] - 1))
+            prompts[k].append(int(s[i]))
             if waiting is not None and k < last[i]:
                 s_k = model.new_bool_var(f"S_{i}_{k}")
                 model.add(s_k == started + begin)
@@ -155,6 +212,9 @@ def aggregate_bound(
         model.add(sum(active[k]) <= cap)
         if waiting is not None:
             model.add(sum(active[k]) >= cap * waiting[k])
+        if relaxation == "partition":
+            _pigeonhole(model, k, active[k], loads[k], tops[k], env[k], prompts[k], g_count,
+                        inst.slots)
         if relaxation == "migration":
             _partition(model, k, active[k], loads[k], tops[k], env[k], g_count, inst.slots)
 
@@ -193,3 +253,63 @@ def aggregate_bound(
     bound = max(bound, 0.0) if math.isfinite(bound) else bound
     return AggregateBound(bound=float(bound), relaxation=float(value), status=status,
                           wall_s=time.perf_counter() - t0, method=METHODS[relaxation])
+
+
+def _least_envelope(loads: list[int], prompts: list[int], g_count: int, slots: int,
+                    relaxation: str) -> int:
+    """The least M(k) the relaxed model allows at a step with these active loads (and their
+    prompts): what the model's constraints on M(k) say, evaluated."""
+    from .migration import partition_envelope
+
+    if not loads:
+        return 0
+    if relaxation == "migration":
+        return partition_envelope(tuple(loads), g_count, slots)
+    env = max(max(loads), -(-sum(loads) // g_count))
+    if relaxation == "partition":
+        n_k, least = len(loads), min(loads)
+        for theta in set(prompts):
+            count = sum(p >= theta for p in prompts)
+            if count > g_count:
+                env = max(env, theta * -(-count // g_count))  # (P1)
+        env = max(env, least * -(-n_k // g_count))  # (P2)
+        env = max(env, max(loads) + least * max(0, n_k - (g_count - 1) * slots - 1))  # (P3)
+    return env
+
+
+def relaxation_at_schedule(instance: ClairvoyantInstance, start: NDArray,
+                           relaxation: str = "aggregate") -> float:
+    """The relaxed model's objective at one schedule's start steps (decode steps; replicas play
+    no part), with every M(k) as small as the model allows. Start steps with at most G·B
+    requests running and (when the instance asks for it) work conservation over the pooled
+    G·B slots are feasible for the relaxed model (``ValueError`` otherwise), so this is an upper
+    bound on the relaxation's optimum — the most that relaxation could ever prove — and, for a
+    replica schedule's starts, at most that schedule's own objective."""
+    if relaxation not in RELAXATIONS:
+        raise ValueError(f"relaxation={relaxation!r} must be one of {', '.join(RELAXATIONS)}")
+    inst = instance
+    st = np.asarray(start, dtype=np.int64)
+    if st.shape != (inst.num_requests,):
+        raise ValueError(f"start must have shape ({inst.num_requests},)")
+    s, o, r = inst.prompt_len, inst.output_len, inst.release
+    if (st < r).any():
+        i = int(np.flatnonzero(st < r)[0])
+        raise ValueError(f"request {i} starts at step {int(st[i])} before its release {int(r[i])}")
+    cap = inst.num_replicas * inst.slots
+    total = 0.0
+    for k in range(int((st + o).max())):
+        live = np.flatnonzero((st <= k) & (k < st + o))
+        # Feasible for the relaxed model: at most G·B running, and (work conservation) no
+        # released request waits at a step with a free slot anywhere.
+        if live.size > cap:
+            raise ValueError(f"{live.size} requests run at step {k} (G·B = {cap})")
+        if inst.work_conserving and live.size < cap and ((r <= k) & (st > k)).any():
+            raise ValueError(f"not work-conserving: a request waits at step {k} with a slot free")
+        loads = [int(s[i] + k - st[i]) for i in live]
+        env = _least_envelope(loads, [int(s[i]) for i in live], inst.num_replicas, inst.slots,
+                              relaxation)
+        if inst.objective == "imbalance":
+            total += inst.num_replicas * env - sum(loads)
+        elif loads:
+            total += inst.step_b + inst.step_a * env
+    return float(total)

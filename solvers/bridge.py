@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from ..core.dynamics import StepModel
 from ..core.policies import get_policy
-from ..core.simulator import SimConfig, StepModel, simulate
+from ..core.simulator import SimConfig, simulate
 from ..core.state import Assignment, ClusterState, PoolView
 from ..core.workloads.base import Workload
 from .clairvoyant_eval import evaluate_schedule

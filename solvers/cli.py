@@ -19,6 +19,10 @@ from balanceroute.progress import add_quiet_arg
 
 __all__ = ["register"]
 
+#: How ``gap`` names the relaxations in its ceiling line.
+CEILING_NAMES = {"aggregate": "aggregated", "partition": "pigeonhole cuts",
+                 "migration": "migration"}
+
 
 def register(subparsers: Any) -> None:
     """Add the ``gap`` subcommand."""
@@ -72,10 +76,12 @@ def register(subparsers: Any) -> None:
     run.add_argument("--solver-param", action="append", default=[], metavar="KEY=VALUE",
                      help="a backend parameter (repeatable): CP-SAT SatParameters field, HiGHS "
                           "option, CBC option or the PuLP solver's keyword")
-    run.add_argument("--relaxation", choices=("auto", "aggregate", "migration", "both", "none"),
+    run.add_argument("--relaxation",
+                     choices=("auto", "aggregate", "partition", "migration", "both", "all", "none"),
                      default="auto",
-                     help="clairvoyant: relaxations proving the lower bound (auto: aggregated, "
-                          "plus the migration relaxation where its exact DP fits)")
+                     help="clairvoyant: relaxations proving the lower bound (auto: the migration "
+                          "relaxation's exact DP where it fits, else the aggregated one and the "
+                          "one with pigeonhole cuts; both: aggregate + migration)")
     run.add_argument("--bound-time-limit", type=float, default=None,
                      help="clairvoyant: seconds per relaxation bound (default --time-limit)")
     run.add_argument("--polish-iters", type=int, default=100_000,
@@ -285,6 +291,11 @@ def _print_bounds(rows: list[dict]) -> None:
         share = f"{100 * r['bound_share']:.1f} %" if math.isfinite(r["bound_share"]) else "-"
         print(f"  {r['instance']}: best {_fmt(r['optimum'])}, lower bound {_fmt(r['bound'])} "
               f"({share} of best; {r['bound_method']})")
+        tops = [f"{name} {_fmt(r[f'ceiling_{key}'])}" for key, name in CEILING_NAMES.items()
+                if f"ceiling_{key}" in r]
+        if tops and r["reference"] != "optimum":
+            print(f"    the most each relaxation could prove (its value at the best schedule): "
+                  f"{', '.join(tops)}")
 
 
 def _print_instances(rows: list[dict], policies: list[str], label: str) -> None:

@@ -112,9 +112,9 @@ def clairvoyant_gap_rows(
     schedule; coarsened schedules repaired to be work-conserving per decode step), one third
     for a local search from the better of the two (at most ``polish_iters`` neighbours). The
     proven lower bound is the best of the solver's (q = 1), the LP relaxation (``lp_bound``),
-    the closed form and the relaxations named by ``relaxation`` (``aggregate``, ``migration``,
-    ``both``, ``none``; ``auto``: the aggregated one, plus the migration one where its exact DP
-    fits), CP-SAT ones within ``bound_time_limit_s`` (default ``time_limit_s``);
+    the closed form and the relaxations named by ``relaxation`` (``aggregate``, ``partition``,
+    ``migration``, ``both``, ``all``, ``none``; ``auto``: see :func:`_relaxations`), CP-SAT
+    ones within ``bound_time_limit_s`` each (default ``time_limit_s``);
     ``bound_method`` names the winner.
     Policies' gaps are against the best schedule (``rel_gap``) and the bound (``gap_to_bound``)."""
     from .aggregate_bound import METHODS, aggregate_bound
@@ -161,10 +161,14 @@ def clairvoyant_gap_rows(
                 if exact is not None:
                     bounds[MIGRATION_DP] = exact
                     continue
+                if relaxation == "auto":  # the DP gave up: the cheaper CP-SAT relaxations
+                    relaxed += ["aggregate", "partition"]
+                    continue
             agg = aggregate_bound(inst, time_limit_s=bound_time_limit_s or time_limit_s,
                                   threads=threads, seed=seed, hint=start, relaxation=which,
                                   **_solver_options(None, f"{stem}-{which}", log_dir, export_dir))
             bounds[METHODS[which]] = agg.bound
+        ceilings = _ceilings(inst, start)
         finite = {m: b for m, b in bounds.items() if math.isfinite(b)}
         method = max(finite, key=lambda m: finite[m]) if finite else "none"
         lower = finite.get(method, math.nan)
@@ -184,6 +188,7 @@ def clairvoyant_gap_rows(
             "aggregate_s": agg.wall_s if agg else 0.0,
             "model_objective": sol.info.get("model_objective", math.nan),
             "model_bound": sol.info.get("model_bound", math.nan), "lp_bound": bounds["lp"],
+            **{f"ceiling_{name}": value for name, value in ceilings.items()},
             "reference": "optimum" if proven else "best schedule found",
             "reference_value": reference, "sense": "min", "message": sol.message,
         }
@@ -200,19 +205,41 @@ def clairvoyant_gap_rows(
     return rows
 
 
+#: Largest G·B for which the migration relaxation's value at a schedule is computed (its
+#: per-step exact partition is a branch and bound over the active requests).
+CEILING_MAX_SLOTS = 24
+
+
+def _ceilings(inst: ClairvoyantInstance, start: Any) -> dict[str, float]:
+    """Each relaxation's value at the best schedule found: the most it could ever prove here
+    (``aggregate_bound.relaxation_at_schedule``); ``nan`` for the migration one past
+    ``CEILING_MAX_SLOTS`` slots."""
+    from .aggregate_bound import RELAXATIONS, relaxation_at_schedule
+
+    big = inst.num_replicas * inst.slots > CEILING_MAX_SLOTS
+    return {name: math.nan if name == "migration" and big
+            else relaxation_at_schedule(inst, start, name) for name in RELAXATIONS}
+
+
+#: ``--relaxation`` choices besides ``auto`` and the relaxations they run.
+RELAXATION_CHOICES = {"none": [], "aggregate": ["aggregate"], "partition": ["partition"],
+                      "migration": ["migration"], "both": ["aggregate", "migration"],
+                      "all": ["aggregate", "partition", "migration"]}
+
+
 def _relaxations(relaxation: str, inst: ClairvoyantInstance) -> list[str]:
     """Which relaxations bound this episode. ``migration`` is solved by the exact DP when it
-    fits (``migration.dp_fits``), else by CP-SAT; ``auto`` is the aggregated relaxation plus
-    the migration one only when the DP fits."""
+    fits (``migration.dp_fits``), else by CP-SAT; ``auto`` is the migration DP alone when it
+    fits (it dominates the other two), else the aggregated and the pigeonhole-cut ones (a
+    stronger model can still end with a weaker proven bound when its time runs out)."""
     from .migration import dp_fits
 
-    choices = {"none": [], "aggregate": ["aggregate"], "migration": ["migration"],
-               "both": ["aggregate", "migration"]}
     if relaxation == "auto":
-        return ["aggregate", "migration"] if dp_fits(inst) else ["aggregate"]
-    if relaxation not in choices:
-        raise ValueError(f"relaxation={relaxation!r} must be one of auto, {', '.join(choices)}")
-    return choices[relaxation]
+        return ["migration"] if dp_fits(inst) else ["aggregate", "partition"]
+    if relaxation not in RELAXATION_CHOICES:
+        raise ValueError(f"relaxation={relaxation!r} must be one of auto, "
+                         f"{', '.join(RELAXATION_CHOICES)}")
+    return list(RELAXATION_CHOICES[relaxation])
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -11,8 +11,8 @@
   planned within the window (a one-tick MPC), so it is clairvoyant over W steps but not over
   the future pool.
 
-Both implement the ``Policy`` contract (``core/state.py``) and are registered in
-``analysis.policies`` as non-default ``compare`` rows (they need the ``solvers`` extra).
+Both implement the ``Policy`` contract (``core/state.py``) and are rows of the policy catalogue
+(``balanceroute/catalogue.py``), non-default ``compare`` rows that need the ``solvers`` extra.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..core.workloads.base import Workload
 from .cpsat_backend import run_cpsat
 from .instances import TickInstance
 
-__all__ = ["ExactTickPolicy", "MPCPolicy", "SOLVER_POLICIES"]
+__all__ = ["ExactTickPolicy", "MPCPolicy"]
 
 
 def _to_assignment(replica: np.ndarray) -> Assignment:
@@ -150,9 +150,3 @@ class MPCPolicy:
                 replica[i] = g
         return _to_assignment(replica)
 
-
-#: Policy name → factory ``(test_workload, **params) -> Policy``, for ``analysis.policies``.
-SOLVER_POLICIES: dict[str, Any] = {
-    "exact-tick": lambda workload, **kw: ExactTickPolicy(**kw),
-    "mpc": lambda workload, **kw: MPCPolicy(**kw).bind(workload),
-}

@@ -34,3 +34,13 @@ def lognormal_workload(
     output = np.minimum(rng.lognormal(output_mu, 1.0, n).astype(np.int64) + 1, 16_384)
     arrival = np.cumsum(rng.exponential(1.0 / rate, n)) if rate else None
     return Workload(name=f"lognormal-{seed}", prompt_len=prompt, output_len=output, arrival_s=arrival)
+
+
+def ledger_tick(ledger, policy, now: float) -> list:
+    """One scheduling tick of a proxy ``Ledger`` as the dispatcher runs it: ``policy.assign`` on
+    ``ledger.build_tick(now)``, applied; the tickets placed."""
+    inputs = ledger.build_tick(now)
+    if inputs is None:
+        return []
+    state, view = inputs
+    return ledger.apply(state, view, policy.assign(state, view))

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +18,7 @@ from .power_of_two import PowerOfTwoPolicy
 from .random_choice import RandomPolicy
 from .round_robin import RoundRobinPolicy
 
-__all__ = ["BASELINES", "POLICIES", "FifoPolicy", "Policy", "get_policy", "policy_names"]
+__all__ = ["BASELINES", "POLICIES", "SEEDED", "FifoPolicy", "Policy", "get_policy", "policy_names"]
 
 POLICIES: dict[str, Callable[..., Policy]] = {
     "random": RandomPolicy,
@@ -36,6 +35,9 @@ POLICIES: dict[str, Callable[..., Policy]] = {
 #: The policies the paper compares against (the "best baseline" of its Table 1).
 BASELINES = ("random", "round_robin", "power_of_two", "jsq", "least_load")
 
+#: The policies that draw random numbers: the only ones ``get_policy`` passes ``seed`` to.
+SEEDED = frozenset({"random", "power_of_two"})
+
 
 def policy_names() -> list[str]:
     """Registered policy names, in registration order."""
@@ -45,7 +47,9 @@ def policy_names() -> list[str]:
 def get_policy(name: str, **params: Any) -> Policy:
     """Build the policy registered as ``name`` with ``params``.
 
-    ``seed`` is passed only to policies that draw random numbers (others are deterministic).
+    ``seed`` is passed only to the policies in :data:`SEEDED` (the others are deterministic).
+    Building by name with training data, extras and the proxy's knobs is
+    ``balanceroute.catalogue.build_policy``.
     Raises ``ValueError`` listing the valid names for an unknown one, and the policy's own
     message for bad parameters.
     """
@@ -53,8 +57,8 @@ def get_policy(name: str, **params: Any) -> Policy:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; valid: {', '.join(POLICIES)}") from None
-    if "seed" in params and "seed" not in inspect.signature(factory).parameters:
-        params = {k: v for k, v in params.items() if k != "seed"}
+    if name not in SEEDED:
+        params.pop("seed", None)
     try:
         return factory(**params)
     except TypeError as exc:

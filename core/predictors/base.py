@@ -78,8 +78,9 @@ class RequestFeatures:
 @runtime_checkable
 class FeatureSource(Protocol):
     """Maps the request ids a policy sees (``ClusterState.active_ids``, ``PoolView.request_ids``)
-    to their features. A :class:`RequestFeatures` table is one (ids = rows); the proxy supplies
-    its own request table."""
+    to their features. A :class:`RequestFeatures` table is one (ids = rows), bound from a
+    workload in simulations. The proxy supplies none: an unbound policy builds the features from
+    the prompt lengths the state and pool carry (``active_prompt``, ``prompt_len``)."""
 
     def take(self, ids: NDArray) -> RequestFeatures:
         """Features of the requests ``ids``, in that order."""

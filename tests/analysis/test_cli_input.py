@@ -9,8 +9,8 @@ import json
 import pytest
 
 from balanceroute.cli import main
+from balanceroute.core.dynamics import StepModel
 from balanceroute.core.limits import Limits
-from balanceroute.core.simulator import StepModel
 from balanceroute.progress import progress
 
 SMALL = ["--workload", "azure-2024-long", "--requests", "600", "-G", "2", "-B", "8", "-q"]
@@ -144,6 +144,16 @@ def test_progress_without_a_terminal_is_plain_log_lines() -> None:
     assert "\r" not in stream.getvalue()
     assert lines[0].startswith("reproduce: 1/4 cells (25 %), ") and lines[0].endswith("[table1 br0 G=8]")
     assert "left" in lines[0] and lines[-1].startswith("reproduce: 4/4 cells (100 %)")
+
+
+def test_progress_guesses_no_time_left_before_one_percent() -> None:
+    stream = io.StringIO()
+    with progress(12_000, "simulating", "req", stream=stream, interval_s=0.0, tty=False) as bar:
+        bar.update(1)  # e.g. the first request after a predictor fit: no rate to speak of yet
+        bar.update(118)
+        bar.update(1)
+    first, second, third = stream.getvalue().splitlines()[:3]
+    assert "left" not in first and "left" not in second and "left" in third
 
 
 def test_quiet_progress_prints_nothing() -> None:

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from balanceroute.analysis.sweep import Cell, read_csv, run_cell, run_grid, write_csv
+from balanceroute.analysis.experiments import run_cell
+from balanceroute.analysis.sweep import Cell, read_csv, run_grid, write_csv
 
 CALLS: list[Cell] = []
 
@@ -43,27 +44,27 @@ def test_cell_key_is_stable_and_sensitive():
 def test_cache_skips_finished_cells(tmp_path):
     cells = [Cell(experiment="c", replicas=g, seed=s) for g in (2, 4) for s in (0, 1)]
     CALLS.clear()
-    first = run_grid(cells, jobs=1, cache_dir=tmp_path, runner=_fake_runner)
+    first = run_grid(cells, _fake_runner, jobs=1, cache_dir=tmp_path)
     assert first.executed == 4 and first.cached == 0 and len(CALLS) == 4
     CALLS.clear()
-    second = run_grid(list(reversed(cells)), jobs=1, cache_dir=tmp_path, runner=_fake_runner)
+    second = run_grid(list(reversed(cells)), _fake_runner, jobs=1, cache_dir=tmp_path)
     assert second.executed == 0 and second.cached == 4 and CALLS == []
     assert [r["value"] for r in second.rows] == [r["value"] for r in first.rows]
     assert math.isnan(second.rows[0]["nan"])
-    third = run_grid(cells, jobs=1, cache_dir=tmp_path, use_cache=False, runner=_fake_runner)
+    third = run_grid(cells, _fake_runner, jobs=1, cache_dir=tmp_path, use_cache=False)
     assert third.executed == 4
     # a new cell runs, the old ones come from the cache
-    more = run_grid([*cells, Cell(experiment="c", replicas=8)], jobs=1, cache_dir=tmp_path,
-                    runner=_fake_runner)
+    more = run_grid([*cells, Cell(experiment="c", replicas=8)], _fake_runner, jobs=1,
+                    cache_dir=tmp_path)
     assert (more.executed, more.cached) == (1, 4)
 
 
 def test_failures_are_reported_and_not_cached(tmp_path):
     cells = [Cell(experiment="f", seed=s) for s in (0, 1)]
-    result = run_grid(cells, jobs=1, cache_dir=tmp_path, runner=_failing_runner)
+    result = run_grid(cells, _failing_runner, jobs=1, cache_dir=tmp_path)
     assert len(result.rows) == 1 and len(result.errors) == 1
     assert "boom" in result.errors[0][1]
-    again = run_grid(cells, jobs=1, cache_dir=tmp_path, runner=_failing_runner)
+    again = run_grid(cells, _failing_runner, jobs=1, cache_dir=tmp_path)
     assert (again.executed, again.cached) == (1, 1)
 
 
@@ -94,8 +95,8 @@ def test_simulate_cell_schema():
 
 def test_local_processes_match_in_process(tmp_path):
     cells = _tiny_grid()
-    serial = run_grid(cells, jobs=1)
-    pooled = run_grid(cells, jobs=2)
+    serial = run_grid(cells, run_cell, jobs=1)
+    pooled = run_grid(cells, run_cell, jobs=2)
     write_csv(serial.rows, tmp_path / "a.csv")
     write_csv(pooled.rows, tmp_path / "b.csv")
     assert (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text()
@@ -105,9 +106,9 @@ def test_local_processes_match_in_process(tmp_path):
 def test_ray_backend_matches_local(tmp_path):
     ray = pytest.importorskip("ray", reason="the `dist` extra (ray) is not installed")
     cells = _tiny_grid()
-    local = run_grid(cells, jobs=1)
+    local = run_grid(cells, run_cell, jobs=1)
     try:
-        remote = run_grid(cells, backend="ray", jobs=2)
+        remote = run_grid(cells, run_cell, backend="ray", jobs=2)
     finally:
         if ray.is_initialized():  # run_grid shuts down the instance it started
             ray.shutdown()

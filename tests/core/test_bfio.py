@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from balanceroute.catalogue import CATALOGUE, build_policy
 from balanceroute.core.policies import get_policy
 from balanceroute.core.policies.bfio import BFIOPolicy, best_sum_subset
-from balanceroute.core.policies.variants import ALL_POLICY_NAMES, build_policy
 from balanceroute.core.predictors import Oracle, RequestFeatures, split_workload
 from balanceroute.core.simulator import SimConfig, simulate
 from balanceroute.core.state import ClusterState, PoolView, validate_assignment
@@ -88,7 +88,7 @@ def test_parameters_are_validated_and_rows_are_registered():
     for bad in (dict(horizon=-1), dict(gamma=0.0), dict(beta=0.0), dict(max_candidates=0)):
         with pytest.raises(ValueError):
             BFIOPolicy(**bad)
-    assert {"bfio-h0", "bfio"} <= set(ALL_POLICY_NAMES)
+    assert {"bfio-h0", "bfio"} <= {n for n, e in CATALOGUE.items() if e.default}
     assert get_policy("bfio-h0").horizon == 0
 
 
@@ -96,9 +96,9 @@ def test_bfio_variant_runs_with_exact_lengths_and_beats_fifo():
     w = lognormal_workload(1200, seed=3, output_mu=5.0)
     train, test = split_workload(w, 0.5)
     cfg = SimConfig(num_replicas=4, slots=8)
-    rows = {n: simulate(test, build_policy(n, train=train, test=test, num_replicas=4), cfg).metrics
+    rows = {n: simulate(test, build_policy(n, train=train, test=test), cfg).metrics
             for n in ("jsq", "bfio-h0", "bfio")}
     with pytest.raises(ValueError, match="training workload"):
-        build_policy("bfio", train=None, test=test, num_replicas=4)
+        build_policy("bfio", train=None, test=test)
     for n in ("bfio-h0", "bfio"):
         assert rows[n]["mean_imbalance"] < rows["jsq"]["mean_imbalance"]

@@ -8,15 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from balanceroute.catalogue import CATALOGUE, build_policy
 from balanceroute.core.policies import get_policy
 from balanceroute.core.policies.br0 import BR0Policy
 from balanceroute.core.policies.brh import BRHPolicy
-from balanceroute.core.policies.variants import (
-    ALL_POLICY_NAMES,
-    BRH_VARIANTS,
-    accepted_policy_names,
-    build_policy,
-)
 from balanceroute.core.predictors import (
     EmpiricalSurvival,
     NoisePredictor,
@@ -185,23 +180,29 @@ def test_parameters_are_validated():
             BRHPolicy(**bad)
 
 
+BRH_VARIANTS = [n for n in CATALOGUE if n.startswith("brh-")]
+
+
 # --- the compared variants in the simulator -----------------------------------------------
 
 
 def test_build_policy_names_and_errors():
-    assert set(BRH_VARIANTS) - {"brh-noise"} <= set(ALL_POLICY_NAMES)
-    assert {"br0", "jsq", "brh", "brh-noise"} <= set(accepted_policy_names())
+    assert set(BRH_VARIANTS) - {"brh-noise"} <= {n for n, e in CATALOGUE.items() if e.default}
+    assert {"br0", "jsq", "brh", "brh-noise"} <= set(CATALOGUE)
+    assert {n: CATALOGUE[n].predictor for n in BRH_VARIANTS} == {
+        "brh-survival": "survival", "brh-exact": "exact_match", "brh-learned": "learned",
+        "brh-oracle": "oracle", "brh-noise": "noise"}
     train, test = split_workload(lognormal_workload(40, seed=0), 0.5)
     with pytest.raises(ValueError, match="valid: random"):
-        build_policy("nope", train=train, test=test, num_replicas=2)
+        build_policy("nope", train=train, test=test)
     with pytest.raises(ValueError, match="training workload"):
-        build_policy("brh-survival", train=None, test=test, num_replicas=2)
+        build_policy("brh-survival", train=None, test=test)
     with pytest.raises(ValueError, match="brh-oracle"):
-        build_policy("brh-oracle", train=train, test=test, num_replicas=2, bogus=1)
-    policy = build_policy("brh-oracle", train=train, test=test, num_replicas=2, horizon=12, gamma=0.9)
+        build_policy("brh-oracle", {"bogus": 1}, train=train, test=test)
+    policy = build_policy("brh-oracle", {"horizon": 12, "gamma": 0.9}, train=train, test=test)
     assert (policy.name, policy.horizon, policy.gamma) == ("brh-oracle", 12, 0.9)
     assert isinstance(policy.predictor, Oracle) and len(policy.features) == len(test)
-    assert build_policy("jsq", train=None, test=test, num_replicas=2).name == "jsq"
+    assert build_policy("jsq", train=None, test=test).name == "jsq"
 
 
 @pytest.mark.parametrize("name", [n for n in BRH_VARIANTS if n != "brh-learned"] + ["brh"])
@@ -209,7 +210,7 @@ def test_variants_run_valid_and_deterministic(name):
     train, test = split_workload(lognormal_workload(300, seed=2, output_mu=4.0), 0.5)
     cfg = SimConfig(num_replicas=3, slots=4, pool_size=6)  # check_assignments is on
     runs = [
-        simulate(test, build_policy(name, train=train, test=test, num_replicas=3, seed=1, horizon=20), cfg)
+        simulate(test, build_policy(name, {"horizon": 20}, train=train, test=test, seed=1), cfg)
         for _ in range(2)
     ]
     assert runs[0].metrics == runs[1].metrics
@@ -219,7 +220,7 @@ def test_variants_run_valid_and_deterministic(name):
 def test_learned_variant_runs():
     pytest.importorskip("torch", reason="brh-learned needs the 'learned' extra (torch)")
     train, test = split_workload(lognormal_workload(300, seed=2, output_mu=4.0), 0.5)
-    policy = build_policy("brh-learned", train=train, test=test, num_replicas=3, horizon=20,
+    policy = build_policy("brh-learned", {"horizon": 20}, train=train, test=test,
                           predictor_params={"steps": 100})
     res = simulate(test, policy, SimConfig(num_replicas=3, slots=4, pool_size=6))
     assert res.metrics["generated_tokens"] == test.output_len.sum()
@@ -250,8 +251,8 @@ def test_noise_predictor_does_not_hurt_thanks_to_the_gate():
         train, test = split_workload(lognormal_workload(3000, seed=seed, output_mu=6.5), 0.5)
         base = simulate(test, get_policy("br0"), cfg).metrics
         for score, gate in (("exact", 0.5), ("exact", 0.0)):
-            m = simulate(test, build_policy("brh-noise", train=train, test=test, num_replicas=8,
-                                            seed=seed, gate=gate, score=score), cfg).metrics
+            m = simulate(test, build_policy("brh-noise", {"gate": gate, "score": score},
+                                            train=train, test=test, seed=seed), cfg).metrics
             ratios.setdefault((score, gate), []).append(m["mean_imbalance"] / base["mean_imbalance"])
             if gate:
                 throughput.append(m["throughput_tok_s"] / base["throughput_tok_s"])

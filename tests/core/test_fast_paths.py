@@ -11,11 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from balanceroute.core import fused, projection, simulator, two_stage
+from balanceroute.core.dynamics import StepModel
 from balanceroute.core.policies import get_policy
 from balanceroute.core.policies.jsq import JSQPolicy
-from balanceroute.core.simulator import SimConfig, StepModel, simulate
+from balanceroute.core.simulator import SimConfig, simulate
 from benchmarks.reference import naive_simulate, reference_tick
-from tests.factories import lognormal_workload
+from tests.factories import ledger_tick, lognormal_workload
 
 FUSED = ("br0", "jsq", "least_load", "round_robin")
 needs_numba = pytest.mark.skipif(not fused.HAVE_NUMBA, reason="numba is not installed")
@@ -250,5 +251,5 @@ def test_serving_ledger_tick_runs_the_compiled_kernel(monkeypatch):
     led = Ledger([2, 2, 2], pool_capacity=16)
     for i, s in enumerate((300, 40, 60, 500, 90)):
         led.enqueue(led.admit(f"r{i}"), s, now=0.0, lease_s=30.0)
-    placed = led.tick(get_policy("br0"), now=0.5)
+    placed = ledger_tick(led, get_policy("br0"), now=0.5)
     assert len(placed) == 5 and calls == [(3, 1)]

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from balanceroute.catalogue import CATALOGUE, build_policy
 from balanceroute.core.policies import get_policy, policy_names
-from balanceroute.core.policies.variants import accepted_policy_names, build_policy
 from balanceroute.core.simulator import SimConfig, simulate
 from balanceroute.core.state import ClusterState, PoolView, validate_assignment
 from balanceroute.core.workloads.base import Workload
@@ -140,15 +140,15 @@ def test_br0_fills_the_margin_instead_of_overflowing():
     assert get_policy("least_load").assign(state, view).pool_index.tolist() == [0]
 
 
-@pytest.mark.parametrize("name", [n for n in accepted_policy_names() if n != "brh-learned"])
+@pytest.mark.parametrize("name", [n for n, e in CATALOGUE.items() if e.extra is None])
 def test_every_catalogue_name_runs_a_simulation_to_the_end(name):
-    # every name compare accepts (registry + predictor-bound variants; brh-learned has its own
+    # every catalogue name without an extra (brh-learned and the exact policies have their own
     # tests) builds from the catalogue and serves every request exactly once
     rng = np.random.default_rng(5)
     n = 80
     workload = Workload(name="w", prompt_len=rng.integers(1, 400, n), output_len=rng.integers(1, 60, n))
     train, test = workload.take(np.arange(40)), workload.take(np.arange(40, n))
-    policy = build_policy(name, train=train, test=test, num_replicas=3, seed=1)
+    policy = build_policy(name, train=train, test=test, seed=1)
     assert callable(policy.assign)
     res = simulate(test, policy, SimConfig(num_replicas=3, slots=2))
     assert res.metrics["generated_tokens"] == test.output_len.sum()

@@ -5,8 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from balanceroute.core.dynamics import StepModel
 from balanceroute.core.policies import get_policy, policy_names
-from balanceroute.core.simulator import SimConfig, StepModel, simulate
+from balanceroute.core.simulator import SimConfig, simulate
 from balanceroute.core.workloads.base import Workload
 from tests.factories import lognormal_workload
 

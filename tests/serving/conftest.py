@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from balanceroute.core.simulator import StepModel
+from balanceroute.core.dynamics import StepModel
 from balanceroute.serving.config import ProxyConfig
 from balanceroute.serving.emulator import EmulatorConfig
 from balanceroute.serving.proxy import Proxy

@@ -51,7 +51,7 @@ def test_serve_security_and_slo_flags_parse() -> None:
     args = build_parser().parse_args([
         "serve", "--kv-dialect", "none", "--decode", "http://a:1", "--api-key", "k", "--ttft-slo", "2.5",
         "--admin-token-env", "ADMIN", "--upstream-api-key-env", "UP", "--max-model-len", "4096", "--metrics-urls"])
-    assert (args.client_api_key, args.ttft_slo_s, args.upstream_api_key_env) == ("k", 2.5, "UP")
+    assert (args.client_api_key, args.ttft_slo_s, args.upstream_api_key_env) == ("k", "2.5", "UP")  # parsed (seconds or "off") by ProxyConfig
     assert args.max_model_len == 4096 and args.metrics_urls is True
     assert build_parser().parse_args(["emulate", "--poison-word", "BAD"]).poison_word == "BAD"
 

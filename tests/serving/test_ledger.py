@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from balanceroute.core.policies import get_policy
 from balanceroute.serving.ledger import Ledger, NoReplica, PoolFull
+from tests.factories import ledger_tick
 
 
 def test_worked_example_imbalance() -> None:
@@ -26,7 +27,7 @@ def test_tick_builds_the_policy_view_and_applies_it() -> None:
     state, view = led.build_tick(now=2.0)
     assert state.free_slots.tolist() == [2, 2] and view.prompt_len.tolist() == [100, 40, 60]
     assert view.wait.tolist() == [1.0, 1.0, 1.0]
-    placed = led.tick(get_policy("br0"), now=2.0)
+    placed = ledger_tick(led, get_policy("br0"), now=2.0)
     assert len(placed) == 3 and not led.pool and led.prefilling == 0
     assert led.loads.sum() == 200 and (led.num_active <= 2).all()
     for t in placed:
@@ -48,7 +49,7 @@ def test_out_of_service_replica_has_no_free_slots() -> None:
     led.enqueue(t, 10, now=0.0, lease_s=30)
     state, _ = led.build_tick(now=0.0)
     assert state.free_slots.tolist() == [0, 2]
-    assert led.tick(get_policy("round_robin"), now=0.0)[0].replica == 1
+    assert ledger_tick(led, get_policy("round_robin"), now=0.0)[0].replica == 1
     led.set_available(1, False)
     with pytest.raises(NoReplica):
         led.admit("x")
@@ -69,7 +70,7 @@ def test_requeue_keeps_place_and_expire_takes_late_tickets_out() -> None:
     led = Ledger([1, 1], pool_capacity=8)
     t0, t1 = led.admit("a"), led.admit("b")
     led.enqueue(t0, 10, now=0.0, lease_s=5)
-    led.tick(get_policy("round_robin"), now=0.0)
+    ledger_tick(led, get_policy("round_robin"), now=0.0)
     led.enqueue(t1, 20, now=1.0, lease_s=5)
     led.progress(t0, 3)
     led.requeue(t0)
@@ -84,7 +85,7 @@ def test_set_prompt_corrects_an_estimate() -> None:
     led = Ledger([1], pool_capacity=8)
     t = led.admit("a")
     led.enqueue(t, 10, now=0.0, lease_s=5)
-    led.tick(get_policy("jsq"), now=0.0)
+    ledger_tick(led, get_policy("jsq"), now=0.0)
     led.set_prompt(t, 25)
     assert led.loads.tolist() == [25]
     led.finish(t, "ok")
@@ -114,7 +115,7 @@ def test_random_operations_keep_the_accounting(ops, policy_name) -> None:
         elif op == "enqueue" and pick is not None and pick.state == "admitted":
             led.enqueue(pick, 1 + x, now=now, lease_s=2.0)
         elif op == "tick":
-            led.tick(policy, now)
+            ledger_tick(led, policy, now)
         elif op == "progress" and pick is not None:
             led.progress(pick, pick.age + x % 7)
         elif op == "requeue" and pick is not None and pick.state == "active":

@@ -15,8 +15,8 @@ import copy
 import numpy as np
 import pytest
 
+from balanceroute.core.dynamics import StepModel
 from balanceroute.core.policies import get_policy
-from balanceroute.core.simulator import StepModel
 from balanceroute.core.state import Assignment, ClusterState, PoolView
 from balanceroute.core.workloads.base import Workload
 from balanceroute.serving.loadgen import LoadgenConfig, run_load_sync

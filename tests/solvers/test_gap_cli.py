@@ -104,3 +104,27 @@ def test_cli_loads_the_benchmark_library(tmp_path, capsys) -> None:
                  "--quiet", "--summary-only", "--csv", str(out)]) == 0
     rows = list(csv.DictReader(out.open()))
     assert float(rows[0]["optimum"]) == rec["optimum"] and rows[0]["reference"] == "optimum"
+
+
+def test_cli_clairvoyant_pigeonhole_bound_is_printed_with_its_method(tmp_path, capsys) -> None:
+    # Coarsened (q = 2), so the model proves nothing and the bound comes from a relaxation:
+    # loads 50, 10, 10, 10 then 51, 11, 11, 11 on G = 2, B = 2 give I ≥ 40 per step (the
+    # replica of the largest holds one more request), 80 in all = the best schedule; the
+    # aggregated relaxation alone proves only 38 (the closed form).
+    from balanceroute.solvers import ClairvoyantInstance
+    from balanceroute.solvers.instances import save_instance
+
+    path = tmp_path / "ep.json"
+    save_instance(ClairvoyantInstance(num_replicas=2, slots=2, prompt_len=[50, 10, 10, 10],
+                                      output_len=[2, 2, 2, 2], step=2), path)
+    assert main(["gap", "--load", str(path), "--policies", "br0", "--time-limit", "10",
+                 "--relaxation", "partition", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert ("best 80, lower bound 80 (100.0 % of best; aggregated relaxation with pigeonhole "
+            "cuts (CP-SAT))") in out
+    # Each relaxation's value at the best schedule (all start at 0): 20 + 18, then 40 + 40.
+    assert ("the most each relaxation could prove (its value at the best schedule): aggregated "
+            "38, pigeonhole cuts 80, migration 80") in out
+    assert main(["gap", "--load", str(path), "--policies", "br0", "--time-limit", "10",
+                 "--relaxation", "aggregate", "--quiet"]) == 0
+    assert "lower bound 38 (47.5 % of best; closed form)" in capsys.readouterr().out
