@@ -23,94 +23,12 @@ from urllib.parse import urlsplit
 
 import httpx
 
-__all__ = ["ChunkedDecoder", "HttpxUpstream", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
+from .http1 import MAX_LINE, ChunkedDecoder, UpstreamError, parse_head
 
-_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
+__all__ = ["HttpxUpstream", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
+
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")  # header smuggling: no CR, LF, NUL, ... in what we send
-_MAX_LINE = 8192  # a chunk-size or trailer line; the whole header block gets 8 × this
 _PAUSE_AT = 1 << 18  # buffered but unread bytes at which the socket stops being read
-_SIZE, _DATA, _CRLF, _TRAILER, _DONE = range(5)
-
-
-class UpstreamError(Exception):
-    """An upstream call failed; ``connect`` when no connection could be made (refused or
-    timed out), the evidence that charges a replica at once."""
-
-    def __init__(self, message: str, *, connect: bool = False) -> None:
-        super().__init__(message)
-        self.connect = connect
-
-
-class ChunkedDecoder:
-    """Incremental decoder of HTTP/1.1 chunked transfer coding (RFC 9112 §7.1): ``feed(bytes)``
-    returns the payload bytes completed so far; ``done`` once the last chunk and the trailer
-    section are read; ``extra`` holds bytes that came after the end."""
-
-    __slots__ = ("_buf", "_left", "_state", "extra")
-
-    def __init__(self) -> None:
-        self._buf = b""
-        self._left = 0
-        self._state = _SIZE
-        self.extra = b""
-
-    @property
-    def done(self) -> bool:
-        """Whether the terminating chunk and the trailers have been read."""
-        return self._state == _DONE
-
-    def feed(self, data: bytes) -> bytes:
-        """Decode ``data``; raise ``ValueError`` on malformed framing."""
-        if self._state == _DONE:
-            self.extra += data
-            return b""
-        if self._state == _SIZE and not self._buf:  # fast path: exactly one whole chunk
-            eol = data.find(b"\r\n", 0, 18)
-            if eol > 0 and _HEX.fullmatch(data, 0, eol) is not None:
-                stop = eol + 2 + int(data[:eol], 16)
-                if stop > eol + 2 and len(data) == stop + 2 and data.endswith(b"\r\n"):
-                    return data[eol + 2:stop]
-        buf = self._buf + data if self._buf else data
-        out: list[bytes] = []
-        pos, end, state = 0, len(buf), self._state
-        while pos < end:
-            if state == _DATA:
-                take = min(self._left, end - pos)
-                out.append(buf[pos:pos + take])
-                pos += take
-                self._left -= take
-                if not self._left:
-                    state = _CRLF
-            elif state == _CRLF:
-                if end - pos < 2:
-                    if buf[pos:pos + 1] != b"\r":
-                        raise ValueError("chunk data not followed by CRLF")
-                    break
-                if buf[pos:pos + 2] != b"\r\n":
-                    raise ValueError("chunk data not followed by CRLF")
-                pos += 2
-                state = _SIZE
-            else:  # a chunk-size line or a trailer line
-                eol = buf.find(b"\r\n", pos)
-                if eol < 0:
-                    if end - pos > _MAX_LINE:
-                        raise ValueError("chunk-size or trailer line too long")
-                    break
-                line, pos = buf[pos:eol], eol + 2
-                if state == _TRAILER:
-                    if not line:
-                        state = _DONE
-                        self.extra = buf[pos:]
-                        pos = end
-                    continue
-                size = line.split(b";", 1)[0].strip(b" \t")
-                if _HEX.fullmatch(size) is None:
-                    raise ValueError(f"bad chunk size {line[:40]!r}")
-                self._left = int(size, 16)
-                state = _DATA if self._left else _TRAILER
-        self._state = state
-        self._buf = buf[pos:] if pos < end else b""
-        return out[0] if len(out) == 1 else b"".join(out)
 
 
 class _Connection(asyncio.Protocol):
@@ -367,11 +285,11 @@ class UpstreamPool:
                     raise UpstreamError("upstream closed the connection before answering")
                 buf += data
                 while (cut := buf.find(b"\r\n\r\n")) >= 0:
-                    status, headers = _parse_head(buf[:cut])
+                    status, headers = parse_head(buf[:cut])
                     buf = buf[cut + 4:]
                     if not 100 <= status < 200:
                         return UpstreamResponse(self, key, conn, status, headers, buf, timeout)
-                if len(buf) > 8 * _MAX_LINE:
+                if len(buf) > 8 * MAX_LINE:
                     raise UpstreamError("upstream response headers too long")
         except BaseException:
             conn.close()
@@ -387,22 +305,6 @@ class UpstreamPool:
 
 class _Stale(Exception):
     """A kept-alive connection was closed by the server before it answered (retried)."""
-
-
-def _parse_head(block: bytes) -> tuple[int, dict[str, str]]:
-    lines = block.decode("latin-1").split("\r\n")
-    version, _, rest = lines[0].partition(" ")
-    code = rest[:3]
-    if not version.startswith("HTTP/1.") or not code.isdigit():
-        raise UpstreamError(f"bad status line from upstream: {lines[0][:80]!r}")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise UpstreamError(f"bad header line from upstream: {line[:80]!r}")
-        name, value = name.lower(), value.strip()
-        headers[name] = f"{headers[name]}, {value}" if name in headers else value
-    return int(code), headers
 
 
 class _HttpxResponse:

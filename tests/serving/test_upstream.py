@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balanceroute.serving.upstream import ChunkedDecoder, UpstreamError, UpstreamPool
+from balanceroute.serving.http1 import ChunkedDecoder
+from balanceroute.serving.upstream import UpstreamError, UpstreamPool
 
 pytestmark = pytest.mark.anyio
 
