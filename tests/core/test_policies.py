@@ -25,7 +25,7 @@ def test_registry_lists_valid_names_on_a_wrong_one():
 
 def test_bad_parameters_are_value_errors():
     with pytest.raises(ValueError, match="r_max"):
-        get_policy("br0", r_max=0)
+        get_policy("br0", r_max=-1)
     with pytest.raises(ValueError, match="policy .jsq.: .*argument"):
         get_policy("jsq", bogus=1)
 
