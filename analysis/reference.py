@@ -136,7 +136,7 @@ def reference_tick(
         place(i, best)
 
     while len(out) < remaining and sum(free) > s_greedy:
-        if stage1 == "fit" and not (r_max == 0 and n >= len(free)):  # (fill: a batch by slots)
+        if stage1 == "fit" and not (r_max == 0 and n >= 2 * len(free)):  # (fill: a batch by slots)
             g = max((g for g in range(len(free)) if free[g] > 0),
                     key=lambda g: (margin(g)[0] + growth_steps * free[g], free[g], -g))
         else:

@@ -408,9 +408,9 @@ def two_stage_kernel(
     while placed < remaining and free_sum > s_greedy:
         g = -1
         best_m = 0.0
-        # the fill tick (r_max = 0) spreads by free slots while the pool holds ≥ 1 request per
+        # the fill tick (r_max = 0) spreads by free slots while the pool holds ≥ 2 requests per
         # replica (a batch: every replica takes some), by margin below that
-        by_fit = fit_stage1 and not (r_max <= 0 and n_pool >= n_rep)
+        by_fit = fit_stage1 and not (r_max <= 0 and n_pool >= 2 * n_rep)
         for r in range(n_rep):
             if free[r] <= 0:
                 continue

@@ -150,9 +150,18 @@ def two_stage_assign(
     ``s_greedy``: the replica with the largest margin ``growth_steps`` (T) steps ahead,
     m(0) + T·free (a replica running fewer requests grows slower; ties: more free slots) —
     ``stage1="paper"``: with most free slots (ties: lower load) — takes the request with the
-    largest F({i}) + u_i; (2) then the replica with the largest (free slots,
-    margin m(0)) takes ``Q*`` among its ``r_max`` best single-request candidates, or —
-    starvation guard — its best single request when F(Q*) ≤ 0. Every pop places at least one
+    largest F({i}) + u_i; (2) then, with ``r_max`` ≥ 1 (the paper's Stage 2), the replica with
+    the largest (free slots, margin m(0)) takes ``Q*`` among its ``r_max`` best single-request
+    candidates, or — starvation guard — its best single request when F(Q*) ≤ 0.
+
+    ``r_max = 0`` is the *fill* tick (``papers/fill.md``): in (2) the replica with the largest
+    margin m(0) (ties: more free slots) takes the best, by F(Q) + Σ u_i, of an exact subset-sum
+    search over the first ``FILL_WINDOW`` pooled requests — for each size k from its free slots
+    (capped by what is left to place) down to free slots − the tick's slack, the k-set with the
+    largest sum ≤ ⌊min_h m(h)⌋ and the one with the smallest sum above it (≤ 2⌊min_h m(h)⌋; sizes in
+    quanta of 1 + 2⌊min_h m(h)⌋ // ``FILL_LEVELS`` tokens) — or its best single request when that
+    is better (only if k may be 1) or when nothing scores > 0; and with ``stage1="fit"`` Stage 1
+    uses the paper's rule while the pool holds ≥ 2G requests. Every pop places at least one
     request, so the tick is work-conserving: it places min(Σ free, P).
     """
     if score not in ("exact", "paper"):
@@ -266,8 +275,8 @@ def _two_stage_numpy(
     # (1) plenty of room: one replica at a time takes its best single request.
     while len(out_i) < remaining and free.sum() > s_greedy:
         open_g = np.flatnonzero(free > 0)
-        # (the fill tick, r_max = 0, spreads by free slots while the pool has ≥ G requests)
-        if stage1 == "fit" and not (r_max == 0 and n_pool >= loads.shape[0]):
+        # (the fill tick, r_max = 0, spreads by free slots while the pool has ≥ 2G requests)
+        if stage1 == "fit" and not (r_max == 0 and n_pool >= 2 * loads.shape[0]):
             m0 = (loads.max(axis=0)[0] - loads[open_g, 0]) + growth_steps * free[open_g]
             g = int(open_g[np.lexsort((-free[open_g], -m0))[0]])
         else:  # the paper's rule: most free slots, ties: lower load
