@@ -200,6 +200,27 @@ def _fill_proposals(items, qsize, n_items, k_lo, cap, safe_q, hi_q, prop, prop_l
 
 
 @njit
+def _stage2_replica(free, loads, env, by_margin):  # pragma: no cover - compiled
+    """The open replica Stage 2 serves next: the largest margin m(0), ties more free slots
+    (``by_margin``: the fill), or the most free slots, ties the larger margin (the paper's);
+    further ties: the lower index."""
+    g = -1
+    best_m = 0.0
+    for r in range(loads.shape[0]):
+        if free[r] <= 0:
+            continue
+        m0 = env[0] - loads[r, 0]
+        if g < 0:
+            g, best_m = r, m0
+        elif by_margin:
+            if m0 > best_m or (m0 == best_m and free[r] > free[g]):
+                g, best_m = r, m0
+        elif free[r] > free[g] or (free[r] == free[g] and m0 > best_m):
+            g, best_m = r, m0
+    return g
+
+
+@njit
 def _set_score(q, n_q, sizes, growth, exact, bonus, loads, env, g, d, alpha, ad, beta,
                traj):  # pragma: no cover - compiled
     """F(Q) + Σ_{i∈Q} u_i on replica g for the pool indices ``q[:n_q]`` (the reference's order)."""
@@ -229,20 +250,13 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
     q = 1 + 2·safe // ``FILL_LEVELS``, safe = ⌊min_h m_h⌋) and the best single request, by
     F(Q) + Σ u_i (ties: the earlier proposal, the single last); if that is ≤ 0, the best single
     request (starvation guard). Returns the new ``placed``."""
-    n_rep, width = loads.shape
+    width = loads.shape[1]
     n_pool = sizes.shape[0]
     items = np.empty(min(n_pool, FILL_WINDOW), dtype=np.int64)
     qsize = np.empty(min(n_pool, FILL_WINDOW), dtype=np.int64)
     q_set = np.empty(n_pool, dtype=np.int64)
     while placed < remaining:
-        g = -1
-        best_m = 0.0
-        for r in range(n_rep):
-            if free[r] <= 0:
-                continue
-            m0 = env[0] - loads[r, 0]
-            if g < 0 or m0 > best_m or (m0 == best_m and free[r] > free[g]):
-                g, best_m = r, m0
+        g = _stage2_replica(free, loads, env, True)
         _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus,
                      tot, f1)
         single = -1  # best F({i}) + u_i, ties: pool order
@@ -443,14 +457,7 @@ def two_stage_kernel(
     idx = np.empty(max(r_max, 1), dtype=np.int64)
     best_q = np.empty(max(r_max, 1), dtype=np.int64)
     while placed < remaining:
-        g = -1
-        best_m = 0.0
-        for r in range(n_rep):
-            if free[r] <= 0:
-                continue
-            m0 = env[0] - loads[r, 0]
-            if g < 0 or free[r] > free[g] or (free[r] == free[g] and m0 > best_m):
-                g, best_m = r, m0
+        g = _stage2_replica(free, loads, env, False)
         _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus,
                      tot, f1)
         k = min(r_max, n_pool - placed)
