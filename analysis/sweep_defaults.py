@@ -44,7 +44,7 @@ def training_slices() -> Iterator[tuple[str, object, object]]:
 
 
 def _grid(part: str) -> list[tuple[str, dict]]:
-    if part == "br0":  # Stage 1's growth window T (and the paper's Stage 1 for reference)
+    if part == "br0":  # Stage 1's growth window T (and the paper's Stage 1), on the previous tick
         return [("br0", dict(growth_steps=t, r_max=4, beta_per_replica=1.0))
                 for t in (0.0, 16.0, 64.0, 256.0, 1024.0)] + [
             ("br0", dict(stage1="paper", r_max=4, beta_per_replica=1.0))]
@@ -56,7 +56,7 @@ def _grid(part: str) -> list[tuple[str, dict]]:
         rows += [("br0", dict(r_max=0, beta_per_replica=3.0, stage1="paper"))]
         return rows + [(name, dict(r_max=r)) for name in ("brh-survival", "brh-oracle")
                        for r in (4, 0)]
-    return [(name, dict(horizon=h, gamma=g, beta=b * G))
+    return [(name, dict(horizon=h, gamma=g, beta=b * G, r_max=4))  # the previous tick's Stage 2
             for name in ("brh-survival", "brh-oracle")
             for h, g, b in itertools.product((0, 20, 40, 80, 160), (0.86, 1.0), (2.0, 16.0))
             if h or (g == 1.0 and b == 2.0)]
