@@ -12,6 +12,7 @@ test checks it); ``balanceroute bench`` times the simulator against it.
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from itertools import combinations
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from balanceroute.core.dynamics import request_metrics, step_metrics
+from balanceroute.core.two_stage import FILL_LEVELS, FILL_WINDOW
 
 __all__ = ["naive_simulate", "reference_tick"]
 
@@ -135,7 +137,7 @@ def reference_tick(
         place(i, best)
 
     while len(out) < remaining and sum(free) > s_greedy:
-        if stage1 == "fit":
+        if stage1 == "fit" and not (r_max == 0 and n >= 2 * len(free)):  # (fill: a batch by slots)
             g = max((g for g in range(len(free)) if free[g] > 0),
                     key=lambda g: (margin(g)[0] + growth_steps * free[g], free[g], -g))
         else:
@@ -143,6 +145,46 @@ def reference_tick(
         m = margin(g)
         i = max((i for i in range(n) if alive[i]), key=lambda i: (f_set([i], m), -i))
         place(i, g)
+
+    while r_max == 0 and len(out) < remaining:  # the fill (r_max = 0)
+        e0 = env()[0]
+        g = max((g for g in range(len(free)) if free[g] > 0),
+                key=lambda g: (e0 - loads[g][0], free[g], -g))
+        m = margin(g)
+        single = max((i for i in range(n) if alive[i]), key=lambda i: (f_set([i], m), -i))
+        best_q, best_f = [single], f_set([single], m)
+        safe = math.floor(min(m)) if min(m) > 0 else 0
+        if safe > 0:
+            quantum = 1 + (2 * safe) // FILL_LEVELS
+            safe_q, hi_q = safe // quantum, (2 * safe) // quantum
+            qsize = {i: -(-math.ceil(prompt_len[i]) // quantum) for i in range(n)}
+            items = [i for i in range(n) if alive[i] and qsize[i] <= hi_q][:FILL_WINDOW]
+            cap = min(free[g], remaining - len(out), len(items))
+            k_lo = max(1, free[g] - (sum(free) - (remaining - len(out))))  # the tick's slack
+            # sums[t][k]: the sums of k-subsets of items[:t] (up to hi_q)
+            sums = [[{0}] + [set() for _ in range(cap)]]
+            for i in items:
+                prev = sums[-1]
+                sums.append([prev[0]] + [prev[k] | {x + qsize[i] for x in prev[k - 1]
+                                                    if x + qsize[i] <= hi_q}
+                                         for k in range(1, cap + 1)])
+            props = []
+            for k in range(cap, k_lo - 1, -1):
+                fits = [x for x in sums[-1][k] if x <= safe_q]
+                over = [x for x in sums[-1][k] if x > safe_q]
+                for total in ([max(fits)] if fits else []) + ([min(over)] if over else []):
+                    chosen, left, j = [], total, k
+                    for t in range(len(items) - 1, -1, -1):
+                        if j and left - qsize[items[t]] in sums[t][j - 1]:
+                            chosen.append(items[t])
+                            left -= qsize[items[t]]
+                            j -= 1
+                    props.append(sorted(chosen))
+            best_prop = max(props, key=lambda q: f_set(q, m), default=None)  # first of equals
+            if best_prop is not None and (k_lo > 1 or f_set(best_prop, m) >= best_f):
+                best_q, best_f = best_prop, f_set(best_prop, m)
+        for i in best_q if best_f > 0 else [single]:
+            place(i, g)
 
     while len(out) < remaining:
         e0 = env()[0]

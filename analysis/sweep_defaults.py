@@ -1,6 +1,6 @@
 """The multi-workload sweep behind the shipped BR-0 / BR-H defaults, on training data only.
 
-``python -m balanceroute.analysis.sweep_defaults [br0|brh] [--out CSV]`` runs it (nice it: it is a
+``python -m balanceroute.analysis.sweep_defaults [br0|brh|fill] [--out CSV]`` runs it (nice it: it is a
 few minutes of one core per part). The data never overlap what the quality matrix or Table 1
 *simulate*: the generated workloads are drawn at seeds 11 and 12 (the matrix uses 0–4), and the
 replays are slices outside every simulated (test) half: mooncake-conv rows 3,000–6,000 and
@@ -44,10 +44,19 @@ def training_slices() -> Iterator[tuple[str, object, object]]:
 
 
 def _grid(part: str) -> list[tuple[str, dict]]:
-    if part == "br0":  # Stage 1's growth window T (and the paper's Stage 1 for reference)
-        return [("br0", dict(growth_steps=t)) for t in (0.0, 16.0, 64.0, 256.0, 1024.0)] + [
-            ("br0", dict(stage1="paper"))]
-    return [(name, dict(horizon=h, gamma=g, beta=b * G))
+    if part == "br0":  # Stage 1's growth window T (and the paper's Stage 1), on the previous tick
+        return [("br0", dict(growth_steps=t, r_max=4, beta_per_replica=1.0))
+                for t in (0.0, 16.0, 64.0, 256.0, 1024.0)] + [
+            ("br0", dict(stage1="paper", r_max=4, beta_per_replica=1.0))]
+    if part == "fill":  # Stage 2: the fill (r_max = 0) against the paper's (r_max = 4), β, ttft_slo_s
+        rows = [("br0", dict(r_max=r, beta_per_replica=b, ttft_slo_s=t))
+                for r in (4, 0) for b in (1.0, 2.0, 3.0, 4.0) for t in (4.0, 6.0)]
+        rows += [("br0", dict(r_max=0, beta_per_replica=3.0, growth_steps=t))
+                 for t in (0.0, 64.0, 1024.0)]
+        rows += [("br0", dict(r_max=0, beta_per_replica=3.0, stage1="paper"))]
+        return rows + [(name, dict(r_max=r)) for name in ("brh-survival", "brh-oracle")
+                       for r in (4, 0)]
+    return [(name, dict(horizon=h, gamma=g, beta=b * G, r_max=4))  # the previous tick's Stage 2
             for name in ("brh-survival", "brh-oracle")
             for h, g, b in itertools.product((0, 20, 40, 80, 160), (0.86, 1.0), (2.0, 16.0))
             if h or (g == 1.0 and b == 2.0)]
@@ -59,17 +68,18 @@ def main(argv: list[str] | None = None) -> int:
     from balanceroute.core.simulator import SimConfig, simulate
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=("br0", "brh"))
+    ap.add_argument("part", choices=("br0", "brh", "fill"))
     ap.add_argument("--out", default="-")
     args = ap.parse_args(argv)
     sat = SimConfig(num_replicas=G, slots=64, check_assignments=False)
     out = sys.stdout if args.out == "-" else open(args.out, "w", newline="")  # noqa: SIM115
     writer = csv.writer(out)
     writer.writerow(["slice", "load", "policy", "params", "mean_imbalance", "bfio_h0_imbalance",
-                     "ratio_to_bfio_h0", "br0_default_imbalance", "ttft_s_p99"])
-    # BR-0's Stage 1 is judged below saturation too (open loop at 0.5 and 1.0 of JSQ's
+                     "ratio_to_bfio_h0", "br0_default_imbalance", "ttft_s_p99",
+                     "least_load_imbalance", "jsq_ttft_s_p99", "throughput_loaded_tok_s"])
+    # BR-0's ticks are judged below saturation too (open loop at 0.5 and 1.0 of JSQ's
     # saturated request rate); BR-H saturated only
-    loads = ("saturated", 0.5, 1.0) if args.part == "br0" else ("saturated",)
+    loads = ("saturated",) if args.part == "brh" else ("saturated", 0.5, 1.0)
     for label, train, test in training_slices():
         def build(name, train=train, test=test, **kw):
             return build_policy(name, kw, train=train, test=test)
@@ -82,12 +92,18 @@ def main(argv: list[str] | None = None) -> int:
                 check_assignments=False)
             ref = simulate(test, build("bfio-h0"), cfg).metrics
             base = simulate(test, build("br0"), cfg).metrics
+            fifo = simulate(test, build("least_load"), cfg).metrics
+            jsq = simulate(test, build("jsq"), cfg).metrics
             for name, params in _grid(args.part):
+                if name != "br0" and load != "saturated":
+                    continue  # BR-H rows: saturated only
                 m = simulate(test, build(name, **params), cfg).metrics
                 writer.writerow([label, load, name, repr(params), round(m["mean_imbalance"]),
                                  round(ref["mean_imbalance"]),
                                  round(m["mean_imbalance"] / ref["mean_imbalance"], 4),
-                                 round(base["mean_imbalance"]), round(m["ttft_s_p99"], 2)])
+                                 round(base["mean_imbalance"]), round(m["ttft_s_p99"], 2),
+                                 round(fifo["mean_imbalance"]), round(jsq["ttft_s_p99"], 2),
+                                 round(m["throughput_loaded_tok_s"])])
                 out.flush()
     return 0
 

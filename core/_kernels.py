@@ -122,6 +122,205 @@ def _place(i, g, loads, env, sizes, growth, has_growth, free, alive):  # pragma:
     alive[i] = False
 
 
+FILL_LEVELS = 4096
+"""Stage 2's fill (``r_max = 0``) tracks subset sums 0..2·safe in at most this many quantum steps
+(a quantum q = 1 + 2·safe // FILL_LEVELS tokens; q = 1 — exact — while 2·safe < FILL_LEVELS)."""
+
+FILL_WINDOW = 256
+"""The fill's dynamic programme runs over at most this many pooled requests (the oldest first)."""
+
+
+@njit
+def _bit(sets, k, b):  # pragma: no cover - compiled
+    """Whether sum ``b`` is in the bitset ``sets[k]``."""
+    return ((sets[k, b >> 6] >> np.uint64(b & 63)) & np.uint64(1)) != np.uint64(0)
+
+
+@njit
+def _fill_proposals(items, qsize, n_items, k_lo, cap, safe_q, hi_q, prop, prop_len):  # pragma: no cover
+    """The fill's candidate sets: for k = cap, cap − 1, …, k_lo the exactly-k subset of the
+    ``items[:n_items]`` (quantised sizes ``qsize``) whose sum is the largest ≤ ``safe_q``, then the
+    one whose sum is the smallest in (``safe_q``, ``hi_q``] (when they exist). Subset sums are
+    bitsets (uint64 words); a k-subset is rebuilt from the last item back, taking an item whenever
+    the sum left minus its size is reachable with k − 1 of the items before it. Writes the sets
+    (item positions, ascending) to ``prop`` rows with their sizes in ``prop_len``; returns the
+    number of sets."""
+    words = (hi_q >> 6) + 1
+    last_bits = (hi_q & 63) + 1
+    last_mask = np.uint64(0xFFFFFFFFFFFFFFFF) if last_bits == 64 else \
+        (np.uint64(1) << np.uint64(last_bits)) - np.uint64(1)
+    reach = np.zeros((cap + 1, words), dtype=np.uint64)
+    reach[0, 0] = np.uint64(1)
+    hist = np.empty((n_items, cap, words), dtype=np.uint64)  # reach[:cap] before each item
+    for t in range(n_items):
+        for k in range(cap):
+            for w in range(words):
+                hist[t, k, w] = reach[k, w]
+        s = qsize[t]
+        ws = s >> 6
+        bs = np.uint64(s & 63)
+        back = np.uint64(64 - (s & 63))
+        for k in range(min(t + 1, cap), 0, -1):
+            for w in range(words - 1, ws - 1, -1):
+                src = w - ws
+                v = reach[k - 1, src] << bs
+                if (s & 63) != 0 and src > 0:
+                    v |= reach[k - 1, src - 1] >> back
+                reach[k, w] |= v
+            reach[k, words - 1] &= last_mask
+    n_prop = 0
+    for k in range(cap, k_lo - 1, -1):
+        for side in range(2):
+            total = -1
+            if side == 0:
+                for b in range(safe_q, -1, -1):
+                    if _bit(reach, k, b):
+                        total = b
+                        break
+            else:
+                for b in range(safe_q + 1, hi_q + 1):
+                    if _bit(reach, k, b):
+                        total = b
+                        break
+            if total < 0:
+                continue
+            left = total
+            j = k
+            for t in range(n_items - 1, -1, -1):
+                if j == 0:
+                    break
+                s = qsize[t]
+                if left >= s and _bit(hist[t], j - 1, left - s):
+                    j -= 1
+                    prop[n_prop, j] = t
+                    left -= s
+            prop_len[n_prop] = k
+            n_prop += 1
+    return n_prop
+
+
+@njit
+def _stage2_replica(free, loads, env, by_margin):  # pragma: no cover - compiled
+    """The open replica Stage 2 serves next: the largest margin m(0), ties more free slots
+    (``by_margin``: the fill), or the most free slots, ties the larger margin (the paper's);
+    further ties: the lower index."""
+    g = -1
+    best_m = 0.0
+    for r in range(loads.shape[0]):
+        if free[r] <= 0:
+            continue
+        m0 = env[0] - loads[r, 0]
+        if g < 0:
+            g, best_m = r, m0
+        elif by_margin:
+            if m0 > best_m or (m0 == best_m and free[r] > free[g]):
+                g, best_m = r, m0
+        elif free[r] > free[g] or (free[r] == free[g] and m0 > best_m):
+            g, best_m = r, m0
+    return g
+
+
+@njit
+def _set_score(q, n_q, sizes, growth, exact, bonus, loads, env, g, d, alpha, ad, beta,
+               traj):  # pragma: no cover - compiled
+    """F(Q) + Σ_{i∈Q} u_i on replica g for the pool indices ``q[:n_q]`` (the reference's order)."""
+    width = d.shape[0]
+    urg = 0.0
+    for t in range(n_q):
+        urg += bonus[q[t]]
+    if exact:
+        for h in range(width):
+            acc = 0.0
+            for t in range(n_q):
+                acc += sizes[q[t]] + growth[q[t], h]
+            traj[h] = acc
+        return _score_traj(traj, loads, env, g, d, alpha, beta) + urg
+    delta = 0.0
+    for t in range(n_q):
+        delta += sizes[q[t]]
+    return _score_one(delta, loads, env, g, d, ad, beta) + urg
+
+
+@njit
+def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, lin, cmax, d, alpha,
+                ad, beta, bonus, tot, f1, traj, alive, placed, remaining, out_i, out_g):  # pragma: no cover
+    """Stage 2 as a fill (``r_max = 0``): while slots are left, the open replica with the largest
+    margin m(0) (ties: more free slots, lower index) takes the best of the DP's proposals
+    (:func:`_fill_proposals` over the oldest ``FILL_WINDOW`` pooled requests, sizes in quanta of
+    q = 1 + 2·safe // ``FILL_LEVELS``, safe = ⌊min_h m_h⌋) and the best single request, by
+    F(Q) + Σ u_i (ties: the earlier proposal, the single last); if that is ≤ 0, the best single
+    request (starvation guard). Returns the new ``placed``."""
+    width = loads.shape[1]
+    n_pool = sizes.shape[0]
+    items = np.empty(min(n_pool, FILL_WINDOW), dtype=np.int64)
+    qsize = np.empty(min(n_pool, FILL_WINDOW), dtype=np.int64)
+    q_set = np.empty(n_pool, dtype=np.int64)
+    while placed < remaining:
+        g = _stage2_replica(free, loads, env, True)
+        _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus,
+                     tot, f1)
+        single = -1  # best F({i}) + u_i, ties: pool order
+        for j in range(n_pool):
+            if alive[j] and (single < 0 or f1[j] > f1[single]):
+                single = j
+        cap = min(free[g], remaining - placed)
+        # every slot but the tick's slack (Σ free − still to place) is filled this tick, so g takes
+        # at least free[g] − slack now: fewer would only defer the rest to an overflow
+        k_lo = max(1, free[g] - (free_sum - (remaining - placed)))
+        low = env[0] - loads[g, 0]
+        for h in range(1, width):
+            if env[h] - loads[g, h] < low:
+                low = env[h] - loads[g, h]
+        safe = int(np.floor(low)) if low > 0.0 else 0
+        best_f = -np.inf
+        best_n = 0
+        if safe > 0:
+            quantum = 1 + (2 * safe) // FILL_LEVELS
+            safe_q = safe // quantum
+            hi_q = (2 * safe) // quantum
+            n_items = 0
+            for j in range(n_pool):
+                if n_items == items.shape[0]:
+                    break
+                if not alive[j]:
+                    continue
+                w = (int(np.ceil(sizes[j])) + quantum - 1) // quantum
+                if w <= hi_q:
+                    items[n_items] = j
+                    qsize[n_items] = w
+                    n_items += 1
+            k_max = min(cap, n_items)
+            if k_max >= k_lo:
+                prop = np.empty((2 * k_max, k_max), dtype=np.int64)
+                prop_len = np.empty(2 * k_max, dtype=np.int64)
+                n_prop = _fill_proposals(items, qsize, n_items, k_lo, k_max, safe_q, hi_q, prop,
+                                         prop_len)
+                for p in range(n_prop):
+                    for t in range(prop_len[p]):
+                        q_set[t] = items[prop[p, t]]
+                    f = _set_score(q_set, prop_len[p], sizes, growth, exact, bonus, loads, env, g,
+                                   d, alpha, ad, beta, traj)
+                    if f > best_f:
+                        best_f = f
+                        best_n = prop_len[p]
+                        for t in range(best_n):
+                            out_i[placed + t] = q_set[t]
+        if (k_lo == 1 or best_n == 0) and f1[single] > best_f:  # the single beats the proposals
+            best_f = f1[single]
+            best_n = 1
+            out_i[placed] = single
+        if not best_f > 0.0:  # starvation guard: the best single request
+            best_n = 1
+            out_i[placed] = single
+        for _ in range(best_n):
+            i = out_i[placed]
+            _place(i, g, loads, env, sizes, growth, has_growth, free, alive)
+            free_sum -= 1
+            out_g[placed] = g
+            placed += 1
+    return placed
+
+
 @njit
 def two_stage_kernel(
     loads, free, sizes, wait, d, alpha, beta, s_greedy, r_max, deadline_s, growth, has_growth,
@@ -223,13 +422,16 @@ def two_stage_kernel(
     while placed < remaining and free_sum > s_greedy:
         g = -1
         best_m = 0.0
+        # the fill tick (r_max = 0) spreads by free slots while the pool holds ≥ 2 requests per
+        # replica (a batch: every replica takes some), by margin below that
+        by_fit = fit_stage1 and not (r_max <= 0 and n_pool >= 2 * n_rep)
         for r in range(n_rep):
             if free[r] <= 0:
                 continue
             m0 = (env[0] - loads[r, 0]) + growth_steps * free[r]
             if g < 0:
                 g, best_m = r, m0
-            elif fit_stage1:
+            elif by_fit:
                 if m0 > best_m or (m0 == best_m and free[r] > free[g]):
                     g, best_m = r, m0
             elif free[r] > free[g] or (free[r] == free[g] and loads[r, 0] < loads[g, 0]):
@@ -246,19 +448,16 @@ def two_stage_kernel(
         out_g[placed] = g
         placed += 1
 
+    if r_max <= 0:  # (2') the fill: exact subset sums over the pool, replicas by margin
+        return _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, lin, cmax,
+                           d, alpha, ad, beta, bonus, tot, f1, traj, alive, placed, remaining,
+                           out_i, out_g)
     # (2) scarce room: best subset of the top r_max candidates for the top replica
     cand = np.empty(max(r_max, 1), dtype=np.int64)
     idx = np.empty(max(r_max, 1), dtype=np.int64)
     best_q = np.empty(max(r_max, 1), dtype=np.int64)
     while placed < remaining:
-        g = -1
-        best_m = 0.0
-        for r in range(n_rep):
-            if free[r] <= 0:
-                continue
-            m0 = env[0] - loads[r, 0]
-            if g < 0 or free[r] > free[g] or (free[r] == free[g] and m0 > best_m):
-                g, best_m = r, m0
+        g = _stage2_replica(free, loads, env, False)
         _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus,
                      tot, f1)
         k = min(r_max, n_pool - placed)

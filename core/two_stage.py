@@ -27,10 +27,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._jit import HAVE_NUMBA
+from ._kernels import FILL_LEVELS, FILL_WINDOW
 from ._kernels import two_stage_kernel as _two_stage_kernel
 from .state import Assignment
 
-__all__ = ["best_subset", "subset_masks", "two_stage_assign"]
+__all__ = ["FILL_LEVELS", "FILL_WINDOW", "best_subset", "fill_proposals", "subset_masks", "two_stage_assign"]
 
 _NO_GROWTH = np.zeros((0, 1), dtype=np.float64)  # writable: numba types read-only arrays apart
 
@@ -77,6 +78,43 @@ def best_subset(
     return np.flatnonzero(masks[best]).astype(np.int64), float(scores[best])
 
 
+def fill_proposals(
+    qsize: list[int], k_lo: int, cap: int, safe_q: int, hi_q: int
+) -> list[list[int]]:
+    """The fill's candidate sets over items of quantised sizes ``qsize``: for k = cap, …, k_lo the
+    exactly-k subset whose sum is the largest ≤ ``safe_q``, then the one whose sum is the smallest
+    in (``safe_q``, ``hi_q``] (each when it exists), as ascending item positions.
+
+    Subset sums are bitsets (Python ints; ``reach[k]`` holds the sums of k-subsets of the items
+    seen so far, truncated at ``hi_q``); a subset is rebuilt from the last item back, taking an
+    item whenever the sum left minus its size is reachable with k − 1 of the items before it."""
+    mask = (1 << (hi_q + 1)) - 1
+    reach = [1] + [0] * cap
+    history = []
+    for t, s in enumerate(qsize):
+        history.append(reach[:cap])
+        for k in range(min(t + 1, cap), 0, -1):
+            reach[k] = (reach[k] | (reach[k - 1] << s)) & mask
+    out: list[list[int]] = []
+    for k in range(cap, k_lo - 1, -1):
+        low = reach[k] & ((1 << (safe_q + 1)) - 1)
+        high = reach[k] >> (safe_q + 1)
+        for total in (low.bit_length() - 1 if low else -1,
+                      safe_q + 1 + (high & -high).bit_length() - 1 if high else -1):
+            if total < 0:
+                continue
+            chosen, left, j = [], total, k
+            for t in range(len(qsize) - 1, -1, -1):
+                if j == 0:
+                    break
+                if left >= qsize[t] and (history[t][j - 1] >> (left - qsize[t])) & 1:
+                    chosen.append(t)
+                    left -= qsize[t]
+                    j -= 1
+            out.append(chosen[::-1])
+    return out
+
+
 def two_stage_assign(
     proj_loads: NDArray,
     free_slots: NDArray,
@@ -112,9 +150,18 @@ def two_stage_assign(
     ``s_greedy``: the replica with the largest margin ``growth_steps`` (T) steps ahead,
     m(0) + T·free (a replica running fewer requests grows slower; ties: more free slots) —
     ``stage1="paper"``: with most free slots (ties: lower load) — takes the request with the
-    largest F({i}) + u_i; (2) then the replica with the largest (free slots,
-    margin m(0)) takes ``Q*`` among its ``r_max`` best single-request candidates, or —
-    starvation guard — its best single request when F(Q*) ≤ 0. Every pop places at least one
+    largest F({i}) + u_i; (2) then, with ``r_max`` ≥ 1 (the paper's Stage 2), the replica with
+    the largest (free slots, margin m(0)) takes ``Q*`` among its ``r_max`` best single-request
+    candidates, or — starvation guard — its best single request when F(Q*) ≤ 0.
+
+    ``r_max = 0`` is the *fill* tick (``papers/fill.md``): in (2) the replica with the largest
+    margin m(0) (ties: more free slots) takes the best, by F(Q) + Σ u_i, of an exact subset-sum
+    search over the first ``FILL_WINDOW`` pooled requests — for each size k from its free slots
+    (capped by what is left to place) down to free slots − the tick's slack, the k-set with the
+    largest sum ≤ ⌊min_h m(h)⌋ and the one with the smallest sum above it (≤ 2⌊min_h m(h)⌋; sizes in
+    quanta of 1 + 2⌊min_h m(h)⌋ // ``FILL_LEVELS`` tokens) — or its best single request when that
+    is better (only if k may be 1) or when nothing scores > 0; and with ``stage1="fit"`` Stage 1
+    uses the paper's rule while the pool holds ≥ 2G requests. Every pop places at least one
     request, so the tick is work-conserving: it places min(Σ free, P).
     """
     if score not in ("exact", "paper"):
@@ -130,8 +177,8 @@ def two_stage_assign(
             s_greedy=s_greedy, r_max=r_max, deadline_s=deadline_s, growth=growth, score=score,
             stage1=stage1, growth_steps=growth_steps, ttft_slo_s=ttft_slo_s,
         )
-    if int(r_max) < 1:
-        raise ValueError(f"{r_max=} must be >= 1")
+    if int(r_max) < 0:
+        raise ValueError(f"{r_max=} must be >= 0 (0: the fill)")
     loads = np.array(proj_loads, dtype=np.float64, order="C", copy=True)
     if loads.ndim != 2:
         raise ValueError(f"proj_loads must be (G, H+1), got shape {loads.shape}")
@@ -175,8 +222,8 @@ def _two_stage_numpy(
 ) -> Assignment:
     """:func:`two_stage_assign` in numpy, for installs without numba (same decisions up to
     floating-point summation order, which BLAS may choose differently)."""
-    if int(r_max) < 1:
-        raise ValueError(f"{r_max=} must be >= 1")
+    if int(r_max) < 0:
+        raise ValueError(f"{r_max=} must be >= 0 (0: the fill)")
     loads = np.array(proj_loads, dtype=np.float64, copy=True)
     free = np.array(free_slots, dtype=np.int64, copy=True)
     sizes = np.asarray(prompt_len, dtype=np.float64)
@@ -228,7 +275,8 @@ def _two_stage_numpy(
     # (1) plenty of room: one replica at a time takes its best single request.
     while len(out_i) < remaining and free.sum() > s_greedy:
         open_g = np.flatnonzero(free > 0)
-        if stage1 == "fit":  # the largest margin T steps ahead, m(0) + T·free; ties: more free
+        # (the fill tick, r_max = 0, spreads by free slots while the pool has ≥ 2G requests)
+        if stage1 == "fit" and not (r_max == 0 and n_pool >= 2 * loads.shape[0]):
             m0 = (loads.max(axis=0)[0] - loads[open_g, 0]) + growth_steps * free[open_g]
             g = int(open_g[np.lexsort((-free[open_g], -m0))[0]])
         else:  # the paper's rule: most free slots, ties: lower load
@@ -237,6 +285,40 @@ def _two_stage_numpy(
         f1 = scores(single_traj(), replica_margins(g)) + bonus
         f1[~alive] = -np.inf
         place(int(np.argmax(f1)), g)
+
+    # (2') the fill: exact subset sums over the pool, replicas by margin (r_max = 0)
+    while r_max == 0 and len(out_i) < remaining:
+        open_g = np.flatnonzero(free > 0)
+        m0 = loads.max(axis=0)[0] - loads[open_g, 0]
+        g = int(open_g[np.lexsort((-free[open_g], -m0))[0]])  # largest margin; ties: more free
+        m = replica_margins(g)
+        f1 = scores(single_traj(), m) + bonus
+        f1[~alive] = -np.inf
+        single = int(np.argmax(f1))
+        best_q, best_f = [single], float(f1[single])
+        # every slot but the tick's slack is filled this tick: g takes at least free[g] − slack
+        k_lo = max(1, int(free[g]) - (int(free.sum()) - (remaining - len(out_i))))
+        safe = int(np.floor(m.min())) if m.min() > 0.0 else 0
+        if safe > 0:
+            quantum = 1 + (2 * safe) // FILL_LEVELS
+            qsize = -(-np.ceil(sizes).astype(np.int64) // quantum)
+            items = [j for j in np.flatnonzero(alive) if qsize[j] <= (2 * safe) // quantum]
+            items = items[:FILL_WINDOW]
+            cap = min(int(free[g]), remaining - len(out_i), len(items))
+            props = fill_proposals([int(qsize[j]) for j in items], k_lo, cap, safe // quantum,
+                                   (2 * safe) // quantum) if cap >= k_lo else []
+            f_best_prop = -np.inf
+            for prop in props:
+                q = np.array([items[t] for t in prop], dtype=np.int64)
+                f = float(scores(single_traj()[q].sum(axis=0), m) + bonus[q].sum())
+                if f > f_best_prop:
+                    f_best_prop, q_prop = f, q.tolist()
+            if props and (k_lo > 1 or not f1[single] > f_best_prop):
+                best_q, best_f = q_prop, f_best_prop
+        if not best_f > 0.0:  # starvation guard: the best single request
+            best_q = [single]
+        for i in best_q:
+            place(int(i), g)
 
     # (2) scarce room: best subset of the top r_max candidates for the top replica.
     while len(out_i) < remaining:

@@ -27,8 +27,8 @@ def check_tick_params(p: object) -> None:
     """Validate the tick parameters BR-0 and BR-H share (``ValueError`` naming the field)."""
     if p.s_greedy < 0:
         raise ValueError(f"{p.s_greedy=} must be >= 0")
-    if not 1 <= p.r_max <= 12:
-        raise ValueError(f"{p.r_max=} must be in 1..12")
+    if not 0 <= p.r_max <= 12:
+        raise ValueError(f"{p.r_max=} must be in 0..12 (0: the fill)")
     if not p.deadline_s > 0:
         raise ValueError(f"{p.deadline_s=} must be > 0")
     if p.growth_steps is not None and not (p.growth_steps >= 0 and np.isfinite(p.growth_steps)):
@@ -42,13 +42,18 @@ def check_tick_params(p: object) -> None:
 @dataclass(slots=True, kw_only=True)
 class BR0Policy:
     """Two-stage tick scoring each candidate set by ``F_g(Q) = Δ − β·(Δ − m_g)_+`` on the
-    current loads (β = ``beta_per_replica``·G; 1·G is minus the change of I): fill safe margins
-    1:1, punish overflow.
+    current loads (β = ``beta_per_replica``·G; 1·G is minus the change of I, the shipped 3·G
+    adds a safety margin: training-only sweep, ``papers/quality.md``): fill safe margins 1:1,
+    punish overflow.
 
     ``s_greedy``: Stage 1 runs while more slots than this are free; ``stage1``: ``"fit"`` lets
     the replica with the largest margin ``growth_steps`` (T) steps ahead, m(0) + T·free, take its
     best request (``None``: T = 16384 / B), ``"paper"`` the replica with most free slots;
-    ``r_max``: Stage 2 subset candidates; ``deadline_s``: pooled requests older than this are
+    ``r_max``: ``0`` (default) is the *fill* tick — Stage 2 visits replicas by margin and each
+    takes the best of an exact subset-sum search over the whole pool (``papers/fill.md``; with
+    ``stage1="fit"`` Stage 1 spreads by free slots while the pool holds ≥ G requests) — and
+    1..12 the paper's Stage 2 (the best subset of the ``r_max`` best single candidates, the
+    freest replica first); ``deadline_s``: pooled requests older than this are
     placed first (vLLM's NIXL KV lease is 30 s); ``ttft_slo_s``: the soft first-token deadline
     — a pooled request that has waited w gains the urgency bonus U·w/``ttft_slo_s`` (U: the
     pool's largest single-request value), so at w = ``ttft_slo_s`` it outranks any request that
@@ -56,9 +61,9 @@ class BR0Policy:
     """
 
     s_greedy: int = 8
-    r_max: int = 4
+    r_max: int = 0
     deadline_s: float = 30.0
-    beta_per_replica: float = 1.0
+    beta_per_replica: float = 3.0
     stage1: str = "fit"
     growth_steps: float | None = None
     ttft_slo_s: float | None = 4.0

@@ -42,9 +42,9 @@ class BRHPolicy:
     ``predictor``: ``None`` forecasts nothing (everyone stays: pure growth lookahead).
     ``features``: maps request ids to features (:meth:`bind` sets it from a workload; ``None``
     passes only the prompt lengths the state carries). ``beta``: ``None`` means 2·G.
-    ``stage1``, ``growth_steps``, ``ttft_slo_s``: as for BR-0. Defaults H = 80, γ = 0.86,
+    ``stage1``, ``growth_steps``, ``r_max`` (0: the fill tick), ``ttft_slo_s``: as for BR-0. Defaults H = 80, γ = 0.86,
     β = 2·G come from a training-only multi-workload sweep (README, "Defaults"); with
-    ``horizon=0, alpha=1, beta=G`` the decisions are exactly BR-0's.
+    ``horizon=0, alpha=1`` and BR-0's β (``beta_per_replica``·G) the decisions are exactly BR-0's.
     """
 
     predictor: Predictor | None = None
@@ -54,7 +54,7 @@ class BRHPolicy:
     alpha: float = 1.0
     beta: float | None = None
     s_greedy: int = 8
-    r_max: int = 4
+    r_max: int = 0
     deadline_s: float = 30.0
     gate: float = 0.5
     score: str = "exact"

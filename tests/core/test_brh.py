@@ -97,10 +97,12 @@ def _random_running_tick(data, replicas):
     data=st.data(),
     replicas=st.integers(1, 6),
     s_greedy=st.integers(0, 10),
-    r_max=st.integers(1, 5),
+    r_max=st.integers(0, 5),
     predictor=st.sampled_from(["oracle", "survival", "noise", None]),
+    beta_per_replica=st.sampled_from([1.0, 3.0]),
 )
-def test_horizon_zero_makes_br0_decisions(data, replicas, s_greedy, r_max, predictor):
+def test_horizon_zero_makes_br0_decisions(data, replicas, s_greedy, r_max, predictor,
+                                          beta_per_replica):
     state, view, table = _random_running_tick(data, replicas)
     pred = {
         "oracle": Oracle(),
@@ -108,9 +110,9 @@ def test_horizon_zero_makes_br0_decisions(data, replicas, s_greedy, r_max, predi
         "noise": NoisePredictor(seed=1),
         None: None,
     }[predictor]
-    brh = BRHPolicy(predictor=pred, features=table, horizon=0, alpha=1.0, beta=float(replicas),
-                    s_greedy=s_greedy, r_max=r_max)
-    br0 = BR0Policy(s_greedy=s_greedy, r_max=r_max)
+    brh = BRHPolicy(predictor=pred, features=table, horizon=0, alpha=1.0,
+                    beta=beta_per_replica * replicas, s_greedy=s_greedy, r_max=r_max)
+    br0 = BR0Policy(s_greedy=s_greedy, r_max=r_max, beta_per_replica=beta_per_replica)
     a, b = brh.assign(state, view), br0.assign(state, view)
     assert a.pool_index.tolist() == b.pool_index.tolist()
     assert a.replica.tolist() == b.replica.tolist()

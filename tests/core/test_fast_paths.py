@@ -5,6 +5,8 @@ same kernel."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -136,7 +138,7 @@ tick_instances = st.integers(1, 7).flatmap(
         st.lists(st.tuples(st.integers(1, 6000), st.sampled_from([0.0, 0.5, 31.0, 45.0])),
                  max_size=20),
         st.integers(0, 10),
-        st.integers(1, 6),
+        st.integers(0, 6),  # r_max; 0 is the fill
         st.integers(0, 3),
     )
 )
@@ -180,8 +182,9 @@ def test_tick_kernel_equals_numpy_path_and_reference(instance, data):
 def test_tick_kernel_handles_odd_arguments_like_the_numpy_path():
     loads, free = np.array([[5.0], [9.0]]), np.array([3, 2])
     prompt, wait = np.array([4, 4, 4, 1]), np.zeros(4)
-    for s_greedy in (-1, 1 << 40):  # Stage 1 only, Stage 2 only (analysis/experiments uses both)
-        kwargs = dict(d=np.ones(1), alpha=1.0, beta=2.0, s_greedy=s_greedy, r_max=4, deadline_s=30.0)
+    for s_greedy, r_max in itertools.product((-1, 1 << 40), (4, 0)):  # Stage 1 / 2 only
+        kwargs = dict(d=np.ones(1), alpha=1.0, beta=2.0, s_greedy=s_greedy, r_max=r_max,
+                      deadline_s=30.0)
         a = two_stage.two_stage_assign(loads, free, prompt, wait, **kwargs)
         b = two_stage._two_stage_numpy(loads, free, prompt, wait, **kwargs)
         assert a.pool_index.tolist() == b.pool_index.tolist()
@@ -189,7 +192,7 @@ def test_tick_kernel_handles_odd_arguments_like_the_numpy_path():
     empty = two_stage.two_stage_assign(loads, free, np.zeros(0, np.int64), np.zeros(0), **kwargs)
     assert len(empty) == 0
     with pytest.raises(ValueError, match="r_max"):
-        two_stage.two_stage_assign(loads, free, prompt, wait, **{**kwargs, "r_max": 0})
+        two_stage.two_stage_assign(loads, free, prompt, wait, **{**kwargs, "r_max": -1})
 
 
 # --- projection kernels == numpy expressions ------------------------------------------------

@@ -25,7 +25,7 @@ def test_registry_lists_valid_names_on_a_wrong_one():
 
 def test_bad_parameters_are_value_errors():
     with pytest.raises(ValueError, match="r_max"):
-        get_policy("br0", r_max=0)
+        get_policy("br0", r_max=-1)
     with pytest.raises(ValueError, match="policy .jsq.: .*argument"):
         get_policy("jsq", bogus=1)
 
@@ -154,3 +154,23 @@ def test_every_catalogue_name_runs_a_simulation_to_the_end(name):
     assert res.metrics["generated_tokens"] == test.output_len.sum()
     assert (res.start_step >= 0).all() and set(res.replica.tolist()) <= {0, 1, 2}
     assert (res.finish_step - res.start_step + 1 == test.output_len).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(loads=st.lists(st.integers(0, 5_000), min_size=1, max_size=8), data=st.data(),
+       prompt=st.integers(1, 4_000))
+def test_br0_with_one_pooled_request_picks_least_loads_replica(loads, data, prompt):
+    # one pooled request and no growth window (T = 0): the largest margin is the smallest load,
+    # ties more free slots (= fewer running, B equal) — least_load's rule, in Stage 1 (either
+    # Stage 2) and in the fill (the paper's Stage 2, r_max ≥ 1, visits the freest replica first)
+    g_count = len(loads)
+    active = np.array(data.draw(st.lists(st.integers(0, 4), min_size=g_count, max_size=g_count)))
+    if active.sum() == 4 * g_count:
+        active[0] -= 1
+    state = ClusterState(loads=np.array(loads, dtype=np.int64), free_slots=(4 - active).astype(np.int64),
+                         num_active=active.astype(np.int64))
+    pool = PoolView(prompt_len=np.array([prompt]), wait=np.zeros(1), request_ids=np.zeros(1, np.int64))
+    want = get_policy("least_load").assign(state, pool).replica.tolist()
+    for s_greedy, r_max in ((0, 4), (0, 0), (1 << 20, 0)):  # Stage 1, Stage 1, the fill
+        br0 = get_policy("br0", growth_steps=0.0, s_greedy=s_greedy, r_max=r_max)
+        assert br0.assign(state, pool).replica.tolist() == want

@@ -63,7 +63,7 @@ tick_instances = st.integers(1, 6).flatmap(
         st.lists(st.integers(0, 4), min_size=g, max_size=g),
         st.lists(st.tuples(st.integers(1, 6000), st.sampled_from([0.0, 1.0, 40.0, 50.0])), max_size=12),
         st.integers(0, 8),
-        st.integers(1, 5),
+        st.integers(0, 5),  # r_max; 0 is the fill
     )
 )
 
@@ -227,3 +227,67 @@ def test_tick_picks_the_subset_with_the_best_true_marginal(state):
     if best > 0:  # (else the starvation guard places the best single request)
         # Q* is the first pop's placements: a prefix of the replica's decisions
         assert any(gain(first[:k]) == pytest.approx(best) for k in range(1, len(first) + 1))
+
+
+# --- the fill (r_max = 0) ------------------------------------------------------------------------
+
+fill_states = st.integers(1, 4).flatmap(
+    lambda g: st.tuples(
+        st.lists(st.integers(0, 1500), min_size=g, max_size=g),
+        st.lists(st.integers(0, 3), min_size=g, max_size=g).filter(lambda f: sum(f) > 0),
+        st.lists(st.integers(1, 600), min_size=1, max_size=8),
+        st.sampled_from([1.0, 3.0]),
+    )
+).filter(lambda s: len(s[2]) >= sum(s[1]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(fill_states)
+def test_fill_takes_the_best_subset_of_the_whole_pool(state):
+    # BR-0, Stage 2 only, the pool covers every free slot (so the tick fills them all and the
+    # first replica takes exactly its free slots): the fill's first pop is the exactly-k subset
+    # of the whole pool with the best F, by brute force (margins < 2048: quantum 1, exact)
+    loads, free, prompt, beta_g = state
+    g_count = len(loads)
+    beta = beta_g * g_count
+    got = two_stage_assign(np.array(loads, dtype=float)[:, None], np.array(free), np.array(prompt),
+                           np.zeros(len(prompt)), d=np.ones(1), alpha=1.0, beta=beta,
+                           s_greedy=1 << 30, r_max=0, deadline_s=30.0)
+    margins = [max(loads) - x for x in loads]
+    g = max((r for r in range(g_count) if free[r] > 0), key=lambda r: (margins[r], free[r], -r))
+    k = free[g]
+
+    def f(q) -> float:
+        return float(f_score(sum(prompt[i] for i in q), margins[g], beta))
+
+    first = got.pool_index[:k].tolist()
+    best = max(f(q) for q in combinations(range(len(prompt)), k))
+    if best > 0:
+        assert got.replica[:k].tolist() == [g] * k
+        assert f(first) == best
+    else:  # starvation guard: the best single request first
+        assert got.replica[0] == g
+        assert f(first[:1]) == max(f([i]) for i in range(len(prompt)))
+
+
+def test_fill_finds_a_pair_the_paper_candidates_miss():
+    # replica 0 has margin 1000 and 2 free slots, replica 1 is full; pool 990, 980, 970, 960, 520,
+    # 480. The paper's Stage 2 (r_max = 4) only sees the four largest: it places 990, then must
+    # overflow with 480 (loads 1470 / 1000). The fill searches the whole pool: 520 + 480 = 1000
+    # fills the margin exactly (1000 / 1000, I = 0).
+    args = (np.array([[0.0], [1000.0]]), np.array([2, 0]),
+            np.array([990, 980, 970, 960, 520, 480]), np.zeros(6))
+    kw = dict(d=np.ones(1), alpha=1.0, beta=2.0, s_greedy=8, deadline_s=30.0)
+    assert sorted(two_stage_assign(*args, r_max=4, **kw).pool_index.tolist()) == [0, 5]
+    assert sorted(two_stage_assign(*args, r_max=0, **kw).pool_index.tolist()) == [4, 5]
+
+
+def test_fill_leaves_slack_slots_to_the_smallest_fit():
+    # 2 + 2 free slots but only 3 pooled requests: one slot stays empty, so replica 0 (margin 600)
+    # may take fewer than 2; it takes the largest fit, 600 alone (F = 600 beats 100 + 50 = 150
+    # and 600 + 50 = 650 − 2·50). Then both margins are 0: replica 1 (more free slots) takes the
+    # smallest overflow, 50; last, replica 0 (margin 50) takes 100.
+    got = two_stage_assign(np.array([[0.0], [600.0]]), np.array([2, 2]), np.array([100, 600, 50]),
+                           np.zeros(3), d=np.ones(1), alpha=1.0, beta=2.0, s_greedy=8,
+                           r_max=0, deadline_s=30.0)
+    assert list(zip(got.pool_index.tolist(), got.replica.tolist())) == [(1, 0), (2, 1), (0, 0)]
