@@ -545,9 +545,10 @@ def _feature(f, r, loads, active, cursor):  # pragma: no cover - compiled
 
 @njit
 def fifo_choose(key, free, loads, active, cursor):  # pragma: no cover - compiled
-    """The replica (with ``free > 0``) that takes the pool head: the lexicographically smallest
-    (features ``key[0]``, ``key[1]``, …) — see :data:`LOAD` — ties: the lower index; −1 if none
-    has a free slot. The one rule of every FIFO baseline, in the generic and the fused loop."""
+    """The replica (with ``free > 0``) that takes the pool head: the one whose features
+    (``key[0]``, ``key[1]``, …; each :data:`LOAD`, :data:`ACTIVE` or :data:`TURN`) are
+    lexicographically smallest, ties: the lower index; −1 if none has a free slot. The one rule
+    of every FIFO baseline, in the generic loop, the proxy and the fused loop."""
     g = -1
     for r in range(loads.shape[0]):
         if free[r] <= 0:
