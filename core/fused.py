@@ -43,7 +43,7 @@ TWO_STAGE, FIFO = kern.TWO_STAGE, kern.FIFO
 _NO_INTS = np.zeros(0, dtype=np.int64)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)  # array fields: no ==
 class CompiledTick:
     """A policy's tick as the fused loop runs it, declared by the policy.
 
