@@ -25,11 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
-from unittest import mock
 
 import numpy as np
 
@@ -171,16 +169,6 @@ def _reference_assign(proj_loads, free_slots, prompt_len, wait, *, d, alpha, bet
                       replica=np.array([g for _, g in pairs], dtype=np.int64))
 
 
-@contextmanager
-def _reference_decisions() -> Iterator[None]:
-    """BR-0 and BR-H decide with the reference (the rest of their tick is unchanged)."""
-    from balanceroute.core.policies import br0, brh
-
-    with mock.patch.object(br0, "two_stage_assign", _reference_assign), \
-            mock.patch.object(brh, "two_stage_assign", _reference_assign):
-        yield
-
-
 def _build_tick_policy(name: str, train: Any, test: Any, horizon: int) -> Any:
     from balanceroute.core.policies import get_policy
 
@@ -205,8 +193,9 @@ def _percentile_us(ns: Sequence[int] | np.ndarray, q: float) -> float:
 def _tick_cell(policy: Any, cases: list[tuple[Any, Any]], repeats: int, budget_s: float,
                ) -> dict[str, Any]:
     """Time ``policy.assign`` on every case ``repeats`` times (rounds over all cases, so a
-    burst of load from other processes hits one round, not one state), and the
-    reference-decided policy once per case while ``budget_s`` lasts; check their decisions agree.
+    burst of load from other processes hits one round, not one state), and the same policy
+    deciding with the reference (its ``tick_fn``) once per case while ``budget_s`` lasts; check
+    their decisions agree.
 
     ``p50_us``/``p99_us`` are percentiles over states of each state's median time (robust to
     preemption on a shared machine); ``p99_raw_us`` is over every single timing.
@@ -225,15 +214,15 @@ def _tick_cell(policy: Any, cases: list[tuple[Any, Any]], repeats: int, budget_s
         ref: list[int] = []
         same = True
         spent = 0.0
-        with _reference_decisions():
-            for (state, pool), out in zip(cases, decisions, strict=True):
-                dt, want = _timed(policy.assign, state, pool)
-                ref.append(dt)
-                same = same and np.array_equal(want.pool_index, out.pool_index) \
-                    and np.array_equal(want.replica, out.replica)
-                spent += dt / 1e9
-                if spent > budget_s:
-                    break
+        reference = replace(policy, tick_fn=_reference_assign)  # the rest of the tick unchanged
+        for (state, pool), out in zip(cases, decisions, strict=True):
+            dt, want = _timed(reference.assign, state, pool)
+            ref.append(dt)
+            same = same and np.array_equal(want.pool_index, out.pool_index) \
+                and np.array_equal(want.replica, out.replica)
+            spent += dt / 1e9
+            if spent > budget_s:
+                break
     finally:
         if gc_was:
             gc.enable()

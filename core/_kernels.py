@@ -5,7 +5,7 @@ edits to the file that defines a function, and the fused loop compiles the two-s
 itself, so a loop cached in another file could outlive an edit of the tick.
 
 * :func:`two_stage_kernel` — the tick of :func:`~balanceroute.core.two_stage.two_stage_assign`;
-* :func:`fifo_choose` — JSQ, LeastLoad and RoundRobin's choice of replica;
+* :func:`fifo_choose` — the FIFO baselines' choice of replica, by the key each one declares;
 * :func:`simulate_loop` — the simulation loop of :mod:`~balanceroute.core.fused`.
 
 No fastmath anywhere: every floating-point operation keeps its written order, which is what
@@ -18,11 +18,15 @@ import numpy as np
 
 from ._jit import njit
 
-TWO_STAGE, JSQ, LEAST_LOAD, ROUND_ROBIN = 0, 1, 2, 3
-"""Policy kinds of the fused loop."""
+TWO_STAGE, FIFO = 0, 1
+"""The compiled ticks the fused loop can run (a policy declares which one it uses)."""
+
+LOAD, ACTIVE, TURN = 0, 1, 2
+"""Replica features a FIFO key ranks by: KV tokens L_g, running requests n_g, and the turn
+(g − cursor) mod G (0 for the replica after the last one chosen)."""
 
 # int state slots of the fused loop
-K, NXT, FINISHED, GENERATED, POOL_N, LOADED_STEPS, CURSOR, STATUS, N_SERIES = range(9)
+K, NXT, FINISHED, GENERATED, POOL_N, LOADED_STEPS, STATUS, N_SERIES = range(8)
 # float state slots
 NOW, SUM_I, SUM_GM, SUM_TAU, LOADED_I, LOADED_GM = range(6)
 # statuses
@@ -530,27 +534,35 @@ def two_stage_kernel(
 
 
 @njit
-def fifo_choose(kind, loads, n_act, slots, cursor):  # pragma: no cover - compiled
-    """The replica that takes the pool head: JSQ (fewest running, then KV load), LeastLoad (KV
-    load, then running) or RoundRobin (next with a free slot from ``cursor``); ties: index."""
-    g_count = loads.shape[0]
-    if kind == ROUND_ROBIN:
-        for t in range(g_count):
-            r = (cursor + t) % g_count
-            if n_act[r] < slots:
-                return r
-        return -1
+def _feature(f, r, loads, active, cursor):  # pragma: no cover - compiled
+    """Feature ``f`` (:data:`LOAD`, :data:`ACTIVE` or :data:`TURN`) of replica r."""
+    if f == LOAD:
+        return loads[r]
+    if f == ACTIVE:
+        return active[r]
+    return (r - cursor) % loads.shape[0]
+
+
+@njit
+def fifo_choose(key, free, loads, active, cursor):  # pragma: no cover - compiled
+    """The replica (with ``free > 0``) that takes the pool head: the one whose features
+    (``key[0]``, ``key[1]``, …; each :data:`LOAD`, :data:`ACTIVE` or :data:`TURN`) are
+    lexicographically smallest, ties: the lower index; −1 if none has a free slot. The one rule
+    of every FIFO baseline, in the generic loop, the proxy and the fused loop."""
     g = -1
-    for r in range(g_count):
-        if n_act[r] >= slots:
+    for r in range(loads.shape[0]):
+        if free[r] <= 0:
             continue
         if g < 0:
             g = r
-        elif kind == JSQ:
-            if n_act[r] < n_act[g] or (n_act[r] == n_act[g] and loads[r] < loads[g]):
-                g = r
-        elif loads[r] < loads[g] or (loads[r] == loads[g] and n_act[r] < n_act[g]):
-            g = r
+            continue
+        for t in range(key.shape[0]):
+            a = _feature(key[t], r, loads, active, cursor)
+            b = _feature(key[t], g, loads, active, cursor)
+            if a != b:
+                if a < b:
+                    g = r
+                break
     return g
 
 
@@ -575,18 +587,22 @@ def _barrier_step(loads, n_act, g_count, step_a, step_b, step_c):  # pragma: no 
 
 @njit
 def simulate_loop(
-    prompt, output, ready, saturated, target, g_count, slots, kind, s_greedy, r_max, deadline_s,
-    beta, fit_stage1, growth_steps, ttft_slo_s,
+    prompt, output, ready, saturated, target, g_count, slots, kind, key, state, s_greedy, r_max,
+    deadline_s, beta, fit_stage1, growth_steps, ttft_slo_s,
     step_b, step_a, step_c, max_steps, budget, record, replica, start, finish, joined, tick_time,
     first_time, finish_time, loads, n_act, pool, head, link, ints, floats, series,
 ):  # pragma: no cover - compiled; checked against the generic loop by tests/core/test_fast_paths
-    """Advance the simulation by at most ``budget`` steps; returns the (maybe grown) series."""
+    """Advance the simulation by at most ``budget`` steps; returns the (maybe grown) series.
+
+    The tick is ``kind``'s: :data:`TWO_STAGE` (BR-0's parameters) or :data:`FIFO` (the pool
+    head to :func:`fifo_choose` by ``key``; ``state[0]`` is the cursor, left after the last
+    replica chosen)."""
     n = prompt.shape[0]
     ring = head.shape[0]
     cap = pool.shape[0]
     k, nxt, finished = ints[K], ints[NXT], ints[FINISHED]
     generated, pool_n, loaded_steps = ints[GENERATED], ints[POOL_N], ints[LOADED_STEPS]
-    cursor, n_series = ints[CURSOR], ints[N_SERIES]
+    n_series = ints[N_SERIES]
     now, sum_i, sum_gm, sum_tau = floats[NOW], floats[SUM_I], floats[SUM_GM], floats[SUM_TAU]
     loaded_i, loaded_gm = floats[LOADED_I], floats[LOADED_GM]
     status = RUNNING
@@ -632,10 +648,11 @@ def simulate_loop(
         for g in range(g_count):
             free_sum += slots - n_act[g]
         if pool_n > 0 and free_sum > 0:
+            for g in range(g_count):
+                free[g] = slots - n_act[g]
             if kind == TWO_STAGE:
                 for g in range(g_count):
                     proj[g, 0] = float(loads[g])
-                    free[g] = slots - n_act[g]
                 for j in range(pool_n):
                     sizes[j] = float(prompt[pool[j]])
                     waited[j] = now - joined[pool[j]]
@@ -656,9 +673,9 @@ def simulate_loop(
                 n_chosen = min(free_sum, pool_n)
                 for t in range(n_chosen):
                     rid = pool[t]
-                    g = fifo_choose(kind, loads, n_act, slots, cursor)
-                    if kind == ROUND_ROBIN:
-                        cursor = (g + 1) % g_count
+                    g = fifo_choose(key, free, loads, n_act, state[0])
+                    state[0] = (g + 1) % g_count
+                    free[g] -= 1
                     taken[t] = True
                     chosen[t] = rid
                     replica[rid] = g
@@ -735,7 +752,7 @@ def simulate_loop(
 
     ints[K], ints[NXT], ints[FINISHED] = k, nxt, finished
     ints[GENERATED], ints[POOL_N], ints[LOADED_STEPS] = generated, pool_n, loaded_steps
-    ints[CURSOR], ints[N_SERIES], ints[STATUS] = cursor, n_series, status
+    ints[N_SERIES], ints[STATUS] = n_series, status
     floats[NOW], floats[SUM_I], floats[SUM_GM], floats[SUM_TAU] = now, sum_i, sum_gm, sum_tau
     floats[LOADED_I], floats[LOADED_GM] = loaded_i, loaded_gm
     return series

@@ -1,15 +1,23 @@
 """The fused simulation loop: :func:`~balanceroute.core.simulator.simulate`'s dynamics and a
-policy's tick compiled together (numba), for the policies that have a compiled tick.
+policy's tick compiled together (numba), for the policies that declare a compiled tick.
 
 The generic loop calls ``policy.assign`` once per tick through the Python contract; here the
 whole run — admission, tick, step, finishes — is one compiled loop with no per-request Python
 objects and no per-step allocation. Same dynamics, same floating-point operations in the same
 order, so the per-request outcomes and the metrics are identical to the generic loop's (a test
-checks it). Policies with a compiled tick are registered in :data:`FUSED_POLICIES` by exact
-type (a subclass may override the rule, so it takes the generic path): BR-0 (the very kernel
-:func:`~balanceroute.core.two_stage.two_stage_assign` runs) and the deterministic FIFO
-baselines JSQ, LeastLoad and RoundRobin. Random and PowerOfTwo keep the generic path (their
-draws come from a ``np.random.Generator``), as does BR-H (its predictor is Python).
+checks it).
+
+A policy owns its fast path (:class:`CompiledPolicy`): ``policy.compiled_tick(slots)`` returns a
+:class:`CompiledTick` — which compiled tick, its parameters and its state — or ``None``, and
+``policy.restore_tick_state(state)`` takes back the state the run left. This module knows no
+policy class. BR-0 declares the two-stage tick (the very kernel
+:func:`~balanceroute.core.two_stage.two_stage_assign` runs); the deterministic FIFO baselines
+(JSQ, LeastLoad, RoundRobin) declare the FIFO tick with their key, ranked by the one chooser
+their ``assign`` also calls (:func:`~balanceroute.core._kernels.fifo_choose`), and RoundRobin's
+cursor as state. A subclass that overrides the rule gets no compiled tick (the declarations
+check that ``assign`` is still their class's own). Random and PowerOfTwo (their draws come from
+a ``np.random.Generator``) and BR-H (its predictor is Python) declare none: the generic loop runs
+them.
 
 Requests finish through a calendar ring indexed by finish step (one linked list per step), so
 a step costs O(G + finishes + tick), not O(G·B).
@@ -18,8 +26,8 @@ a step costs O(G + finishes + tick), not O(G·B).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -27,64 +35,75 @@ from numpy.typing import NDArray
 from . import _kernels as kern
 from ._jit import HAVE_NUMBA
 from .outcomes import RequestColumns
-from .policies.br0 import BR0Policy, stage1_growth_steps
-from .policies.jsq import JSQPolicy
-from .policies.least_load import LeastLoadPolicy
-from .policies.round_robin import RoundRobinPolicy
 
-__all__ = ["FUSED_POLICIES", "FusedPolicy", "fused_policy", "run_fused"]
+__all__ = ["FIFO", "TWO_STAGE", "CompiledPolicy", "CompiledTick", "compiled_tick", "run_fused"]
+
+TWO_STAGE, FIFO = kern.TWO_STAGE, kern.FIFO
+
+_NO_INTS = np.zeros(0, dtype=np.int64)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)  # array fields: no ==
+class CompiledTick:
+    """A policy's tick as the fused loop runs it, declared by the policy.
 
-@dataclass(frozen=True, slots=True)
-class FusedPolicy:
-    """A policy's tick as the fused loop runs it: ``kind`` and its parameters."""
+    ``kind``: :data:`TWO_STAGE` (BR-0's tick with ``s_greedy``, ``r_max``, ``deadline_s``, β =
+    ``beta_per_replica``·G, ``fit_stage1``, Stage 1's T = ``growth_steps``, ``ttft_slo_s``) or
+    :data:`FIFO` (the pool head to the free replica with the smallest ``key``, see
+    :class:`~balanceroute.core.policies.base.FifoPolicy`). ``state``: the policy's integer
+    state (FIFO: ``[cursor]``); the run returns it updated.
+    """
 
     kind: int
+    key: NDArray[np.int64] = field(default_factory=lambda: _NO_INTS)
+    state: NDArray[np.int64] = field(default_factory=lambda: _NO_INTS)
     s_greedy: int = 0
     r_max: int = 1
     deadline_s: float = float("inf")
     beta_per_replica: float = 1.0
     fit_stage1: bool = True
-    growth_steps: float | None = 0.0
+    growth_steps: float = 0.0
     ttft_slo_s: float = float("inf")
 
-
-def _br0(p: BR0Policy) -> FusedPolicy:
-    return FusedPolicy(
-        kind=kern.TWO_STAGE, s_greedy=p.s_greedy, r_max=p.r_max, deadline_s=p.deadline_s,
-        beta_per_replica=p.beta_per_replica, fit_stage1=p.stage1 == "fit",
-        growth_steps=p.growth_steps,
-        ttft_slo_s=float("inf") if p.ttft_slo_s is None else float(p.ttft_slo_s),
-    )
+    def __post_init__(self) -> None:
+        if self.kind not in (TWO_STAGE, FIFO):
+            raise ValueError(f"{self.kind=} must be TWO_STAGE or FIFO")
+        if self.kind == FIFO and self.state.shape != (1,):
+            raise ValueError(f"{self.state=} must be [cursor] for the FIFO tick")
 
 
-FUSED_POLICIES: dict[type, Callable[[Any], FusedPolicy]] = {
-    BR0Policy: _br0,
-    JSQPolicy: lambda p: FusedPolicy(kind=kern.JSQ),
-    LeastLoadPolicy: lambda p: FusedPolicy(kind=kern.LEAST_LOAD),
-    RoundRobinPolicy: lambda p: FusedPolicy(kind=kern.ROUND_ROBIN),
-}
-"""Policy class (exact type) → its compiled tick."""
+@runtime_checkable
+class CompiledPolicy(Protocol):
+    """A policy with a compiled tick (found by duck typing, never by class)."""
+
+    def compiled_tick(self, slots: int) -> CompiledTick | None:
+        """The tick for replicas of ``slots`` slots, or ``None`` (then the generic loop runs)."""
+        ...
+
+    def restore_tick_state(self, state: NDArray[np.int64]) -> None:
+        """Take back ``CompiledTick.state`` as a compiled run left it."""
+        ...
 
 
-def fused_policy(policy: object) -> FusedPolicy | None:
-    """The compiled tick of ``policy``, or ``None`` if it has none (or numba is missing)."""
-    if not HAVE_NUMBA:
+def compiled_tick(policy: object, slots: int) -> CompiledTick | None:
+    """The compiled tick ``policy`` declares, or ``None`` if it has none (or numba is missing)."""
+    if not HAVE_NUMBA or not isinstance(policy, CompiledPolicy):
         return None
-    build = FUSED_POLICIES.get(type(policy))
-    return None if build is None else build(policy)
+    return policy.compiled_tick(slots)
 
 
 @dataclass(slots=True)
 class FusedRun:
-    """What the fused loop leaves behind: per-request columns and the running totals."""
+    """What the fused loop leaves behind: per-request columns, the running totals and the
+    policy's state."""
 
     cols: RequestColumns
     loads: NDArray[np.int64]
     ints: NDArray[np.int64]
     floats: NDArray[np.float64]
     series: NDArray[np.float64] | None
+    state: NDArray[np.int64]
+    """The policy's state after the run (:attr:`CompiledTick.state`, updated)."""
 
     @property
     def steps(self) -> int:
@@ -102,11 +121,6 @@ class FusedRun:
         return int(self.ints[kern.LOADED_STEPS])
 
     @property
-    def cursor(self) -> int:
-        """RoundRobin's cursor after the run."""
-        return int(self.ints[kern.CURSOR])
-
-    @property
     def totals(self) -> tuple[float, float, float, float, float, float]:
         """``(now, Σ I, Σ G·M, Σ τ, Σ I loaded phase, Σ G·M loaded phase)``."""
         return tuple(float(x) for x in self.floats)  # type: ignore[return-value]
@@ -121,8 +135,7 @@ def run_fused(
     target: int,
     num_replicas: int,
     slots: int,
-    spec: FusedPolicy,
-    cursor: int,
+    tick: CompiledTick,
     step_b: float,
     step_a: float,
     step_c: float,
@@ -143,24 +156,27 @@ def run_fused(
     run = FusedRun(
         cols=RequestColumns.empty(ready),
         loads=np.zeros(g_count, dtype=np.int64),
-        ints=np.zeros(9, dtype=np.int64),
+        ints=np.zeros(8, dtype=np.int64),
         floats=np.zeros(6, dtype=np.float64),
         series=np.empty((6, 1024), dtype=np.float64) if record_series else None,
+        state=tick.state.astype(np.int64, copy=True),
     )
-    run.ints[kern.CURSOR] = cursor
     n_act = np.zeros(g_count, dtype=np.int64)
     pool = np.empty(max(cap, 1), dtype=np.int64)
     head = np.full(ring, -1, dtype=np.int64)
     link = np.full(n, -1, dtype=np.int64)
     series = run.series if run.series is not None else np.empty((6, 0), dtype=np.float64)
     budget = chunk_steps if progress is not None else max_steps + 1
+    key = np.ascontiguousarray(tick.key, dtype=np.int64)
+    no_state = np.zeros(1, dtype=np.int64)  # the loop's FIFO slot, unused by stateless ticks
     reported = 0
     while True:
         series = kern.simulate_loop(
-            prompt, output, ready, saturated, target, g_count, slots, spec.kind, spec.s_greedy,
-            spec.r_max, float(spec.deadline_s), float(spec.beta_per_replica * g_count),
-            bool(spec.fit_stage1), stage1_growth_steps(spec.growth_steps, slots), float(spec.ttft_slo_s), step_b, step_a, step_c, max_steps, budget,
-            record_series, *run.cols.arrays(), run.loads, n_act, pool, head, link, run.ints,
+            prompt, output, ready, saturated, target, g_count, slots, tick.kind, key,
+            run.state if run.state.shape[0] else no_state, tick.s_greedy, tick.r_max,
+            float(tick.deadline_s), float(tick.beta_per_replica * g_count), bool(tick.fit_stage1),
+            float(tick.growth_steps), float(tick.ttft_slo_s), step_b, step_a, step_c, max_steps,
+            budget, record_series, *run.cols.arrays(), run.loads, n_act, pool, head, link, run.ints,
             run.floats, series,
         )
         status = run.ints[kern.STATUS]

@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from ._jit import HAVE_NUMBA
 from ._kernels import skip_tickless_steps
 from .dynamics import StepModel, request_metrics, step_metrics
-from .fused import fused_policy, run_fused
+from .fused import compiled_tick, run_fused
 from .outcomes import RequestColumns
 from .policies.base import Policy
 from .state import ClusterState, PoolView, validate_assignment
@@ -155,7 +155,9 @@ def simulate(
     finished. Deterministic for a given workload, policy (and its seed) and config.
 
     ``engine``: ``"auto"`` runs the fused compiled loop (:mod:`~balanceroute.core.fused`) when
-    the policy has a compiled tick (BR-0, JSQ, LeastLoad, RoundRobin) and the generic loop —
+    the policy declares a compiled tick (``policy.compiled_tick``: BR-0, JSQ, LeastLoad,
+    RoundRobin; the run's state goes back through ``policy.restore_tick_state``) and the generic
+    loop —
     ``policy.assign`` on a :class:`ClusterState`/:class:`PoolView` every tick — otherwise;
     ``"generic"`` forces the generic loop, ``"fused"`` demands the fused one (``ValueError`` if
     the policy has none). Both give identical results. The fused loop does not re-validate
@@ -181,11 +183,11 @@ def simulate(
             raise ValueError(f"workload {workload.name!r}: arrival_s must be non-decreasing")
         ready = arrival + config.prefill_delay_s
 
-    spec = fused_policy(policy) if engine != "generic" else None
-    if engine == "fused" and spec is None:
+    tick = compiled_tick(policy, config.slots) if engine != "generic" else None
+    if engine == "fused" and tick is None:
         raise ValueError(f"policy {getattr(policy, 'name', policy)!r} has no fused loop")
-    if spec is not None:
-        raw = _run_fused(prompt, output, ready, policy, spec, config, progress)
+    if tick is not None:
+        raw = _run_fused(prompt, output, ready, policy, tick, config, progress)
     else:
         raw = _run_generic(prompt, output, ready, policy, config, progress)
 
@@ -195,16 +197,15 @@ def simulate(
     return _result(raw, n, output, arrival)
 
 
-def _run_fused(prompt, output, ready, policy, spec, config, progress) -> _Raw:
+def _run_fused(prompt, output, ready, policy, tick, config, progress) -> _Raw:
     step = config.step_model
     run = run_fused(
         prompt, output, ready, saturated=config.mode == "saturated", target=config.pool_target,
-        num_replicas=config.num_replicas, slots=config.slots, spec=spec,
-        cursor=int(getattr(policy, "cursor", 0)), step_b=step.b, step_a=step.a, step_c=step.c,
-        max_steps=config.max_steps, record_series=config.record_series, progress=progress,
+        num_replicas=config.num_replicas, slots=config.slots, tick=tick, step_b=step.b,
+        step_a=step.a, step_c=step.c, max_steps=config.max_steps,
+        record_series=config.record_series, progress=progress,
     )
-    if hasattr(policy, "cursor"):
-        policy.cursor = run.cursor  # RoundRobin's cursor persists across ticks, as in assign
+    policy.restore_tick_state(run.state)  # e.g. RoundRobin's cursor persists, as in assign
     now, sum_i, _, sum_tau, loaded_i, loaded_gm = run.totals
     return _Raw(
         cols=run.cols, steps=run.steps, now=now, generated=run.generated, sum_i=sum_i,

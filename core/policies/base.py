@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
 
+from .._kernels import ACTIVE, FIFO, LOAD, TURN, fifo_choose
+from ..fused import CompiledTick
 from ..state import Assignment, ClusterState, PoolView
 
-__all__ = ["FifoPolicy", "Policy"]
+__all__ = ["ACTIVE", "LOAD", "TURN", "FifoPolicy", "Policy"]
 
 
 @runtime_checkable
@@ -33,14 +35,27 @@ class FifoPolicy:
     ``choose(free, loads, active)`` — a replica with a free slot — until slots or pool run out.
 
     ``loads`` and ``active`` are updated as requests are placed, so the rule sees its own
-    decisions within a tick.
+    decisions within a tick. A deterministic baseline only declares its ``key``: the replica
+    features it ranks, most significant first (:data:`LOAD` L_g, :data:`ACTIVE` n_g,
+    :data:`TURN` (g − ``cursor``) mod G), and ``choose`` takes the lexicographically smallest
+    (ties: the lower index) through the one compiled chooser
+    (:func:`~balanceroute.core._kernels.fifo_choose`) that the simulator's fused loop also runs.
+    ``cursor`` is the replica after the last one chosen; it persists across ticks.
     """
 
     name = "fifo"
+    key: ClassVar[tuple[int, ...] | None] = None
+    cursor: int = 0
 
     def choose(self, free: NDArray[np.int64], loads: NDArray[np.int64], active: NDArray[np.int64]) -> int:
-        """Index of the replica (with ``free > 0``) that takes the next request."""
-        raise NotImplementedError
+        """Index of the replica (with ``free > 0``) that takes the next request: the smallest
+        ``key``; the cursor moves past it."""
+        if self.key is None:
+            raise NotImplementedError(f"{type(self).__name__} declares no key and no choose")
+        g = int(fifo_choose(np.asarray(self.key, dtype=np.int64), free, loads, active,
+                            self.cursor))
+        self.cursor = (g + 1) % free.shape[0]
+        return g
 
     def assign(self, state: ClusterState, pool: PoolView) -> Assignment:
         """Assign the first ``min(Σ free, |pool|)`` pooled requests in FIFO order."""
@@ -56,3 +71,16 @@ class FifoPolicy:
             active[g] += 1
             loads[g] += pool.prompt_len[j]
         return Assignment(pool_index=np.arange(count, dtype=np.int64), replica=replica)
+
+    def compiled_tick(self, slots: int) -> CompiledTick | None:
+        """The FIFO tick with this policy's ``key`` and cursor, or ``None`` when there is no key
+        or a subclass replaced ``choose`` or ``assign`` (its rule is then not the key's)."""
+        cls = type(self)
+        if self.key is None or cls.choose is not FifoPolicy.choose or cls.assign is not FifoPolicy.assign:
+            return None
+        return CompiledTick(kind=FIFO, key=np.asarray(self.key, dtype=np.int64),
+                            state=np.array([self.cursor], dtype=np.int64))
+
+    def restore_tick_state(self, state: NDArray[np.int64]) -> None:
+        """Take back the cursor a compiled run left (``state[0]``)."""
+        self.cursor = int(state[0])

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import NDArray
 
+from ..fused import TWO_STAGE, CompiledTick
 from ..state import Assignment, ClusterState, PoolView
 from ..two_stage import two_stage_assign
 
@@ -57,7 +60,10 @@ class BR0Policy:
     placed first (vLLM's NIXL KV lease is 30 s); ``ttft_slo_s``: the soft first-token deadline
     — a pooled request that has waited w gains the urgency bonus U·w/``ttft_slo_s`` (U: the
     pool's largest single-request value), so at w = ``ttft_slo_s`` it outranks any request that
-    merely fits (``papers/ttft.md``); ``None`` turns it off.
+    merely fits (``papers/ttft.md``); ``None`` turns it off. ``tick_fn``: the routine that
+    decides, with :func:`~balanceroute.core.two_stage.two_stage_assign`'s signature (the
+    default; a benchmark injects the literal reference); the simulator's fused loop runs the
+    default's kernel only while ``tick_fn`` is the default.
     """
 
     s_greedy: int = 8
@@ -68,6 +74,7 @@ class BR0Policy:
     growth_steps: float | None = None
     ttft_slo_s: float | None = 4.0
     name: str = "br0"
+    tick_fn: Callable[..., Assignment] = field(default=two_stage_assign, repr=False)
 
     def __post_init__(self) -> None:
         check_tick_params(self)
@@ -76,7 +83,7 @@ class BR0Policy:
 
     def assign(self, state: ClusterState, pool: PoolView) -> Assignment:
         """One BR-0 tick on the current loads."""
-        return two_stage_assign(
+        return self.tick_fn(
             state.loads[:, None],
             state.free_slots,
             pool.prompt_len,
@@ -92,3 +99,18 @@ class BR0Policy:
                 self.growth_steps, int((state.free_slots + state.num_active).max())),
             ttft_slo_s=self.ttft_slo_s,
         )
+
+    def compiled_tick(self, slots: int) -> CompiledTick | None:
+        """This tick for the fused loop (the kernel of ``two_stage_assign`` with these
+        parameters), or ``None`` if ``tick_fn`` or a subclass's ``assign`` decides instead."""
+        if self.tick_fn is not two_stage_assign or type(self).assign is not BR0Policy.assign:
+            return None
+        return CompiledTick(
+            kind=TWO_STAGE, s_greedy=self.s_greedy, r_max=self.r_max, deadline_s=self.deadline_s,
+            beta_per_replica=self.beta_per_replica, fit_stage1=self.stage1 == "fit",
+            growth_steps=stage1_growth_steps(self.growth_steps, slots),
+            ttft_slo_s=float("inf") if self.ttft_slo_s is None else float(self.ttft_slo_s),
+        )
+
+    def restore_tick_state(self, state: NDArray[np.int64]) -> None:
+        """BR-0 keeps no state across ticks."""

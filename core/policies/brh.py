@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -42,7 +43,7 @@ class BRHPolicy:
     ``predictor``: ``None`` forecasts nothing (everyone stays: pure growth lookahead).
     ``features``: maps request ids to features (:meth:`bind` sets it from a workload; ``None``
     passes only the prompt lengths the state carries). ``beta``: ``None`` means 2·G.
-    ``stage1``, ``growth_steps``, ``r_max`` (0: the fill tick), ``ttft_slo_s``: as for BR-0. Defaults H = 80, γ = 0.86,
+    ``stage1``, ``growth_steps``, ``r_max`` (0: the fill tick), ``ttft_slo_s``, ``tick_fn``: as for BR-0. Defaults H = 80, γ = 0.86,
     β = 2·G come from a training-only multi-workload sweep (README, "Defaults"); with
     ``horizon=0, alpha=1`` and BR-0's β (``beta_per_replica``·G) the decisions are exactly BR-0's.
     """
@@ -62,6 +63,7 @@ class BRHPolicy:
     growth_steps: float | None = None
     ttft_slo_s: float | None = 4.0
     name: str = "brh"
+    tick_fn: Callable[..., Assignment] = field(default=two_stage_assign, repr=False)
 
     def __post_init__(self) -> None:
         if int(self.horizon) != self.horizon or self.horizon < 0:
@@ -110,7 +112,7 @@ class BRHPolicy:
         proj = project_loads(
             state.loads, state.active_replica, state.active_prompt + state.active_age, dep_act, h
         )
-        return two_stage_assign(
+        return self.tick_fn(
             proj,
             state.free_slots,
             pool.prompt_len,

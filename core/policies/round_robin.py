@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
-
-from .base import FifoPolicy
+from .base import TURN, FifoPolicy
 
 
 class RoundRobinPolicy(FifoPolicy):
     """Cyclic order over replicas; the cursor persists across ticks, full replicas are skipped."""
 
     name = "round_robin"
-
-    def __init__(self) -> None:
-        self.cursor = 0
-
-    def choose(self, free, loads, active) -> int:
-        """The next replica in cyclic order that has a free slot."""
-        g_count = free.shape[0]
-        order = (self.cursor + np.arange(g_count)) % g_count
-        g = int(order[np.argmax(free[order] > 0)])
-        self.cursor = (g + 1) % g_count
-        return g
+    key = (TURN,)  # the first replica with a free slot from the cursor on, cyclically

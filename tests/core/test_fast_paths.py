@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from balanceroute.core import fused, projection, simulator, two_stage
 from balanceroute.core.dynamics import StepModel
 from balanceroute.core.policies import get_policy
+from balanceroute.core.policies.br0 import BR0Policy
 from balanceroute.core.policies.jsq import JSQPolicy
 from balanceroute.core.simulator import SimConfig, simulate
 from benchmarks.reference import naive_simulate, reference_tick
@@ -101,7 +102,20 @@ def test_engine_choice():
         def choose(self, free, loads, active):
             return int(np.flatnonzero(free > 0)[-1])
 
-    assert fused.fused_policy(Tweaked()) is None
+    assert fused.compiled_tick(Tweaked(), 2) is None
+
+    class Reassigned(BR0Policy):  # overriding assign drops the inherited compiled tick too
+        def assign(self, state, pool):
+            return BR0Policy.assign(self, state, pool)
+
+    assert fused.compiled_tick(Reassigned(), 2) is None
+    def wrapped(*args, **kwargs):  # an injected tick_fn decides instead of the kernel
+        return two_stage.two_stage_assign(*args, **kwargs)
+
+    assert fused.compiled_tick(BR0Policy(tick_fn=wrapped), 2) is None
+    assert fused.compiled_tick(get_policy("power_of_two"), 2) is None
+    for name in FUSED:  # each declares its tick; the engine recognises no class
+        assert fused.compiled_tick(get_policy(name), 2) is not None or not fused.HAVE_NUMBA
     assert simulate(w, Tweaked(), cfg).replica.max() == 1
 
 
@@ -125,7 +139,7 @@ def test_without_numba_the_numpy_paths_give_the_same_results(monkeypatch):
     monkeypatch.setattr(two_stage, "HAVE_NUMBA", False)
     monkeypatch.setattr(projection, "HAVE_NUMBA", False)
     monkeypatch.setattr(simulator, "HAVE_NUMBA", False)
-    assert fused.fused_policy(get_policy("br0")) is None
+    assert fused.compiled_tick(get_policy("br0"), 4) is None
     _assert_same(simulate(w, get_policy("br0"), cfg), want)
 
 

@@ -124,6 +124,27 @@ def test_round_robin_cursor_persists_and_skips_full():
     assert policy.assign(state, view).replica.tolist() == [0, 2]
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 7).flatmap(lambda g: st.tuples(
+    st.lists(st.integers(0, 2), min_size=g, max_size=g).filter(any),
+    st.lists(st.integers(0, 50), min_size=g, max_size=g),
+    st.lists(st.integers(0, 3), min_size=g, max_size=g),
+    st.integers(0, g - 1))))
+def test_fifo_keys_choose_the_lexicographic_minimum(case):
+    # brute force: the smallest (key features..., index) among replicas with a free slot
+    free, loads, active, cursor = case
+    g_count = len(free)
+    rules = {"jsq": lambda g: (active[g], loads[g], g),
+             "least_load": lambda g: (loads[g], active[g], g),
+             "round_robin": lambda g: ((g - cursor) % g_count, g)}
+    for name, rank in rules.items():
+        policy = get_policy(name)
+        policy.cursor = cursor
+        got = policy.choose(np.array(free), np.array(loads), np.array(active))
+        assert got == min((g for g in range(g_count) if free[g] > 0), key=rank)
+        assert policy.cursor == (got + 1) % g_count
+
+
 def test_random_policies_are_seeded():
     state, view = random_tick(np.random.default_rng(3), replicas=8, pool=30, slots=8)
     for name in ("random", "power_of_two"):
