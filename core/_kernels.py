@@ -141,6 +141,44 @@ def _bit(sets, k, b):  # pragma: no cover - compiled
 
 
 @njit
+def _highest_at_most(sets, k, b):  # pragma: no cover - compiled
+    """The largest sum ≤ ``b`` in the bitset ``sets[k]`` (word by word), or −1."""
+    w = b >> 6
+    word = sets[k, w]
+    if (b & 63) != 63:
+        word &= (np.uint64(1) << np.uint64((b & 63) + 1)) - np.uint64(1)
+    while word == np.uint64(0):
+        w -= 1
+        if w < 0:
+            return -1
+        word = sets[k, w]
+    top = 63
+    while ((word >> np.uint64(top)) & np.uint64(1)) == np.uint64(0):
+        top -= 1
+    return (w << 6) + top
+
+
+@njit
+def _lowest_in(sets, k, lo, hi):  # pragma: no cover - compiled
+    """The smallest sum in [``lo``, ``hi``] in the bitset ``sets[k]`` (word by word), or −1."""
+    if lo > hi:
+        return -1
+    w = lo >> 6
+    word = sets[k, w] & ~((np.uint64(1) << np.uint64(lo & 63)) - np.uint64(1))
+    last = hi >> 6
+    while word == np.uint64(0):
+        w += 1
+        if w > last:
+            return -1
+        word = sets[k, w]
+    low = 0
+    while ((word >> np.uint64(low)) & np.uint64(1)) == np.uint64(0):
+        low += 1
+    total = (w << 6) + low
+    return total if total <= hi else -1
+
+
+@njit
 def _fill_proposals(items, qsize, n_items, k_lo, cap, safe_q, hi_q, prop, prop_len):  # pragma: no cover
     """The fill's candidate sets: for k = cap, cap − 1, …, k_lo the exactly-k subset of the
     ``items[:n_items]`` (quantised sizes ``qsize``) whose sum is the largest ≤ ``safe_q``, then the
@@ -175,17 +213,10 @@ def _fill_proposals(items, qsize, n_items, k_lo, cap, safe_q, hi_q, prop, prop_l
     n_prop = 0
     for k in range(cap, k_lo - 1, -1):
         for side in range(2):
-            total = -1
             if side == 0:
-                for b in range(safe_q, -1, -1):
-                    if _bit(reach, k, b):
-                        total = b
-                        break
+                total = _highest_at_most(reach, k, safe_q)
             else:
-                for b in range(safe_q + 1, hi_q + 1):
-                    if _bit(reach, k, b):
-                        total = b
-                        break
+                total = _lowest_in(reach, k, safe_q + 1, hi_q)
             if total < 0:
                 continue
             left = total
