@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from balanceroute.core.dynamics import KV_LEASE_S
+
 from .sweep import Cell
 
 __all__ = [
@@ -51,7 +53,7 @@ PARETO_KNOB = ("off", 1.0, 2.0, 4.0, 8.0, 16.0)
 """``ttft_slo_s`` values of the Pareto experiment (``off``: the hard 30 s deadline only)."""
 
 METRICS = ("mean_imbalance", "throughput_loaded_tok_s", "tpot_ms_p95", "ttft_s_p50", "ttft_s_p99",
-           "pool_wait_p99_s")
+           "pool_wait_p99_s", "kv_lease_missed")
 
 RULES = {
     "oracle<=br0": "brh-oracle ≤ br0",
@@ -225,18 +227,23 @@ def matrix_lines(rows: list[dict]) -> list[str]:
     """The matrix as Markdown table lines: one row per cell, mean imbalance per policy and the
     loaded throughput and TPOT P95 of br0 and the best baseline."""
     present = [p for p in QUALITY_POLICIES if any(r["policy"] == p for r in rows)]
-    head = ["cell", *present, "br0 tok/s", "br0 TPOT P95"]
+    lease = any(r.get("kv_lease_missed") not in (None, "") for r in rows if r["policy"] == "bfio-h0")
+    head = ["cell", *present, "br0 tok/s", "br0 TPOT P95", *(["bfio-h0 past lease"] if lease else [])]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key, by in sorted(cells_of(rows).items(), key=lambda kv: str(kv[0])):
         vals = [f"{float(by[p]['mean_imbalance']):,.0f}" if p in by else "—" for p in present]
         b = by.get("br0")
         tail = [f"{float(b['throughput_loaded_tok_s']):,.0f}", f"{float(b['tpot_ms_p95']):.1f}"] if b else ["—", "—"]
+        if lease:
+            f = by.get("bfio-h0", {}).get("kv_lease_missed")
+            tail.append("—" if f in (None, "") else f"{100 * float(f):.1f} %")
         lines.append("| " + " | ".join([_fmt_key(key), *vals, *tail]) + " |")
     return lines
 
 
 def rules_lines(rows: list[dict], *, details: int = 6) -> list[str]:
-    """Per rule: how many cells break it, and the first few with their numbers."""
+    """Per rule: how many cells break it, and the first few with their numbers; then
+    :func:`context_lines`."""
     n_cells = len(cells_of(rows))
     out = []
     for name, cells in rule_violations(rows).items():
@@ -244,6 +251,52 @@ def rules_lines(rows: list[dict], *, details: int = 6) -> list[str]:
         out += [f"  - {_fmt_key(k)}: {why}" for k, why in cells[:details]]
         if len(cells) > details:
             out.append(f"  - … {len(cells) - details} more")
+    return out + context_lines(rows)
+
+
+def _share(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{100 * lo:.1f} %" if lo == hi else f"{100 * lo:.1f}–{100 * hi:.1f} %"
+
+
+def context_lines(rows: list[dict]) -> list[str]:
+    """What the rule counts alone do not say (both read from the rows, no constants):
+
+    - the throughput rule split by mode, with the pairwise agreement and the spread between the
+      rows — below capacity the offered load fixes the throughput, so the rows differ little
+      there and their order is mostly noise;
+    - for the cells where bfio-h0 beats the best BR row: the share of requests bfio-h0 keeps in
+      the pool past the KV lease (``kv_lease_missed``; BR's pool deadline places them before)."""
+    cells = cells_of(rows)
+    out: list[str] = []
+    for mode in ("saturated", "open loop"):
+        mine = {k: by for k, by in cells.items() if (k[4] == "saturated") == (mode == "saturated")}
+        if not mine:
+            continue
+        broken = pairs = agree = 0
+        spread = []
+        for by in mine.values():
+            imb = {p: float(r["mean_imbalance"]) for p, r in by.items()}
+            thr = {p: float(r["throughput_loaded_tok_s"]) for p, r in by.items()}
+            broken += sorted(imb, key=imb.__getitem__) != sorted(thr, key=lambda p: -thr[p])
+            names = sorted(by)
+            for i, a in enumerate(names):
+                for b in names[i + 1:]:
+                    pairs += 1
+                    agree += (imb[a] < imb[b]) == (thr[a] > thr[b])
+            spread.append((max(thr.values()) - min(thr.values())) / max(thr.values()))
+        out.append(f"- Throughput order, {mode} cells: {broken} of {len(mine)} break it; "
+                   f"{agree / max(pairs, 1):.1%} of policy pairs are ordered alike; median "
+                   f"throughput spread between the rows {100 * float(np.median(spread)):.2f} %")
+    beaten = [key for key, _ in rule_violations(rows)["best_br<=bfio-h0"]]
+    missed = [float(cells[k]["bfio-h0"].get("kv_lease_missed") or "nan") for k in beaten]
+    known = [m for m in missed if not math.isnan(m)]
+    if known:
+        over = [m for m in known if m > 0]
+        out.append(f"- Of the {len(beaten)} cells where bfio-h0 beats the best BR row, in "
+                   f"{len(over)} it keeps requests waiting past the {KV_LEASE_S:g} s KV lease"
+                   + (f" ({_share(over)} of them)" if over else "") + "; br0 and brh-* place "
+                   "such requests first (their pool deadline)")
     return out
 
 

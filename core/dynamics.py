@@ -22,6 +22,10 @@ was assigned (after it the cluster only drains).
 - ``mean_step_ms`` = 1000 · Σ τ / steps.
 - TPOT_i = (t_last − t_first) / (o_i − 1) over requests with o_i > 1; TTFT_i = end of the first
   decode step − arrival; pool wait = tick time − time joined the pool.
+- ``kv_lease_missed`` = share of requests whose pool wait reached ``KV_LEASE_S`` (30 s, vLLM's
+  NIXL KV lease): in a PD deployment their prefilled KV would have expired and been prefilled
+  again, which the engines do not model — a policy that keeps requests waiting that long buys
+  balance with work a real cluster would redo.
 """
 
 from __future__ import annotations
@@ -33,8 +37,12 @@ from numpy.typing import NDArray
 
 from .keyvalue import parse_key_values
 
-__all__ = ["StepModel", "StepTotals", "barrier", "percentiles", "replica_loads_at",
+__all__ = ["KV_LEASE_S", "StepModel", "StepTotals", "barrier", "percentiles", "replica_loads_at",
            "request_metrics", "step_metrics"]
+
+KV_LEASE_S = 30.0
+"""How long a prefilled request's KV stays leased on its prefill node (vLLM NIXL's default), in
+seconds: BR-0's and BR-H's pool deadline, and the threshold of ``kv_lease_missed``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,6 +172,7 @@ def request_metrics(output: NDArray, first_time: NDArray, finish_time: NDArray, 
         **percentiles(ttft, "ttft_s", 1.0),
         "pool_wait_mean_s": float(np.mean(wait)),
         "pool_wait_p99_s": float(np.percentile(wait, 99)),
+        "kv_lease_missed": float(np.mean(wait >= KV_LEASE_S)),
     }
     return metrics, tpot, ttft, wait
 

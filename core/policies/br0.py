@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from ..dynamics import KV_LEASE_S
 from ..fused import TWO_STAGE, CompiledTick
 from ..state import Assignment, ClusterState, PoolView
 from ..two_stage import two_stage_assign
@@ -68,7 +69,7 @@ class BR0Policy:
 
     s_greedy: int = 8
     r_max: int = 0
-    deadline_s: float = 30.0
+    deadline_s: float = KV_LEASE_S
     beta_per_replica: float = 3.0
     stage1: str = "fit"
     growth_steps: float | None = None

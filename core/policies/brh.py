@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..dynamics import KV_LEASE_S
 from ..model import discounts
 from ..predictors.base import FeatureSource, Predictor, RequestFeatures
 from ..projection import departure_steps, placement_growth, project_loads
@@ -56,7 +57,7 @@ class BRHPolicy:
     beta: float | None = None
     s_greedy: int = 8
     r_max: int = 0
-    deadline_s: float = 30.0
+    deadline_s: float = KV_LEASE_S
     gate: float = 0.5
     score: str = "exact"
     stage1: str = "fit"

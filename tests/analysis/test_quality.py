@@ -6,6 +6,7 @@ import pytest
 
 from balanceroute.analysis.quality import (
     QUALITY_POLICIES,
+    context_lines,
     declare_quality,
     matrix_lines,
     rule_violations,
@@ -38,6 +39,21 @@ def test_rules_count_the_cells_that_break_them():
     assert keys["throughput_ranks_like_imbalance"] == ["0.5"]
     table = matrix_lines(rows)
     assert len(table) == 2 + 2 and "open loop 0.5× capacity" in "".join(table)
+
+
+def test_context_splits_the_throughput_rule_and_names_bfio_lease_misses():
+    a = dict(workload="w", replicas=8, requests=3000, seed=0, load="saturated")
+    b = {**a, "load": 0.5}
+    rows = _rows(a, br0=50.0, **{"bfio-h0": 40.0}) + _rows(b, br0=50.0, **{"bfio-h0": 60.0})
+    rows[1]["kv_lease_missed"] = 0.025  # bfio-h0 beats br0 in cell a with 2.5 % past the lease
+    rows[3]["kv_lease_missed"] = 0.0
+    rows[2]["throughput_loaded_tok_s"] = 1.0  # open loop: br0 ranked last by throughput
+    lines = context_lines(rows)
+    assert lines[0].startswith("- Throughput order, saturated cells: 0 of 1 break it; 100.0% of")
+    assert lines[1].startswith("- Throughput order, open loop cells: 1 of 1 break it; 0.0% of")
+    assert "Of the 1 cells where bfio-h0 beats the best BR row, in 1 it keeps" in lines[2]
+    assert "(2.5 % of them)" in lines[2]
+    assert "bfio-h0 past lease" in matrix_lines(rows)[0] and "2.5 %" in "".join(matrix_lines(rows))
 
 
 def test_declared_grids_have_the_issue_shapes():

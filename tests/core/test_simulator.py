@@ -43,6 +43,15 @@ def test_hand_computed_run():
     assert res.ttft_s.tolist() == pytest.approx([tau0, tau0, tau1])
     assert res.pool_wait_s.tolist() == pytest.approx([0.0, 0.0, 0.0])
     assert m["barrier_idle_fraction"] == pytest.approx(11 / (20 + 22))
+    assert m["kv_lease_missed"] == 0.0
+
+
+def test_kv_lease_missed_counts_waits_that_reach_the_lease():
+    from balanceroute.core.dynamics import KV_LEASE_S, request_metrics
+
+    wait = np.array([0.0, KV_LEASE_S - 1e-9, KV_LEASE_S, 45.0])
+    m, *_ = request_metrics(np.full(4, 2), np.ones(4), np.full(4, 2.0), np.zeros(4), wait, np.zeros(4))
+    assert m["kv_lease_missed"] == 0.5
 
 
 def test_loaded_phase_ends_at_the_last_assignment():
