@@ -44,9 +44,10 @@ __all__ = [
     "run_quality_cell",
 ]
 
-QUALITY_POLICIES = ("jsq", "least_load", "bfio-h0", "br0", "brh-survival", "brh-oracle")
-"""The matrix's rows: two FIFO baselines, the prior art, and BalanceRoute's deployable and
-clairvoyant rows."""
+QUALITY_POLICIES = ("jsq", "least_load", "bfio-h0", "bfio-h0-lease", "br0", "brh-survival",
+                    "brh-oracle")
+"""The matrix's rows: two FIFO baselines, the prior art as published and under the KV lease BR
+keeps (``bfio-h0-lease``), and BalanceRoute's deployable and clairvoyant rows."""
 
 BASELINE_ROWS = ("jsq", "least_load", "bfio-h0")
 PARETO_KNOB = ("off", 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -288,6 +289,15 @@ def context_lines(rows: list[dict]) -> list[str]:
         out.append(f"- Throughput order, {mode} cells: {broken} of {len(mine)} break it; "
                    f"{agree / max(pairs, 1):.1%} of policy pairs are ordered alike; median "
                    f"throughput spread between the rows {100 * float(np.median(spread)):.2f} %")
+    lease_beaten = []
+    for key, by in cells.items():
+        best = [float(by[p]["mean_imbalance"]) for p in ("br0", "brh-survival") if p in by]
+        if best and "bfio-h0-lease" in by and min(best) > float(by["bfio-h0-lease"]["mean_imbalance"]):
+            lease_beaten.append(key)
+    if any("bfio-h0-lease" in by for by in cells.values()):
+        n_lease = sum("bfio-h0-lease" in by for by in cells.values())
+        out.append(f"- min(br0, brh-survival) ≤ bfio-h0-lease (BF-IO-H0 with the same "
+                   f"{KV_LEASE_S:g} s pool deadline): {len(lease_beaten)} of {n_lease} cells break it")
     beaten = [key for key, _ in rule_violations(rows)["best_br<=bfio-h0"]]
     missed = [float(cells[k]["bfio-h0"].get("kv_lease_missed") or "nan") for k in beaten]
     known = [m for m in missed if not math.isnan(m)]

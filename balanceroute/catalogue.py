@@ -7,8 +7,8 @@ the one way to build a policy by name. It lives in the package root because two 
 import. The policy classes themselves are registered in ``core/policies/__init__.py``
 (``get_policy``), the plain constructor registry this table builds on.
 
-Rows: the paper's baselines, BF-IO (``bfio-h0``; ``bfio`` with exact output lengths, its
-simulator's default), BR-0, BR-H bare (``brh``, no predictor) and with a predictor fitted on
+Rows: the paper's baselines, BF-IO (``bfio-h0``; ``bfio-h0-lease`` with BR-0's pool deadline at
+the KV lease; ``bfio`` with exact output lengths, its simulator's default), BR-0, BR-H bare (``brh``, no predictor) and with a predictor fitted on
 the training split (``brh-<predictor>``), and the exact policies (small runs only).
 """
 
@@ -130,8 +130,9 @@ CATALOGUE: dict[str, PolicyEntry] = {
     "power_of_two": _BASELINE,
     "jsq": _BASELINE,
     "least_load": _BASELINE,
-    "bfio-h0": PolicyEntry(build=_registry, online=True, default=True),
-    "bfio": PolicyEntry(build=_bfio, predictor="oracle", online=True, default=True),
+    "bfio-h0": PolicyEntry(build=_registry, online=True, deadline=True, default=True),
+    "bfio-h0-lease": PolicyEntry(build=_registry, online=True, deadline=True),
+    "bfio": PolicyEntry(build=_bfio, predictor="oracle", online=True, deadline=True, default=True),
     "br0": PolicyEntry(build=_registry, online=True, deadline=True, ttft_slo=True, default=True),
     "brh-survival": PolicyEntry(predictor="survival", default=True, **_BRH),
     "brh-exact": PolicyEntry(predictor="exact_match", default=True, **_BRH),

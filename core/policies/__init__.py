@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .base import FifoPolicy, Policy
-from .bfio import BFIOPolicy, bfio_h0
+from .bfio import BFIOPolicy, bfio_h0, bfio_h0_lease
 from .br0 import BR0Policy
 from .brh import BRHPolicy
 from .jsq import JSQPolicy
@@ -29,6 +29,7 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "br0": BR0Policy,
     "brh": BRHPolicy,
     "bfio-h0": bfio_h0,
+    "bfio-h0-lease": bfio_h0_lease,
     "bfio": BFIOPolicy,
 }
 

@@ -18,6 +18,11 @@ until its forecast remaining steps r elapse, then leaves; it does not grow) and 
    and keeping the best F; if that F ≤ 0, the single request with the best F. A replica with
    slots left goes back in the heap.
 
+``deadline_s`` (not in the paper; ``None`` by default, as its simulator): requests that have
+waited ≥ ``deadline_s`` are placed first, oldest first, each on the open replica with the best
+F(s) (ties: more free slots) — BF-IO under the KV lease a PD deployment imposes, the same
+pool deadline BR-0 and BR-H keep (the proxy sets it from the lease).
+
 ``bfio-h0`` is T = 0 (current loads only; then λ = 1 and the heap key is the current load).
 ``bfio`` looks T = ``horizon`` (72) steps ahead with a termination predictor's forecast (its
 simulator's default is the true output length: the ``oracle`` predictor). This module is an
@@ -31,12 +36,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..dynamics import KV_LEASE_S
 from ..predictors.base import FeatureSource, Predictor, RequestFeatures
 from ..projection import departure_steps
 from ..state import Assignment, ClusterState, PoolView
 from ..workloads.base import Workload
 
-__all__ = ["BFIOPolicy", "best_sum_subset", "bfio_h0"]
+__all__ = ["BFIOPolicy", "best_sum_subset", "bfio_h0", "bfio_h0_lease"]
 
 
 def best_sum_subset(sizes: list[int], k: int, safe: int) -> tuple[list[int], int] | None:
@@ -82,7 +88,8 @@ class BFIOPolicy:
     """BF-IO (module docstring): ``horizon`` T (0 = ``bfio-h0``), discount ``gamma``, overflow
     weight ``beta``, ``greedy_slots`` (the greedy phase runs while more slots are free),
     ``max_candidates`` (the visible queue), a ``predictor`` for the remaining steps of running
-    requests (``None``: no departures are forecast) and ``features`` (set by :meth:`bind`)."""
+    requests (``None``: no departures are forecast), ``features`` (set by :meth:`bind`) and
+    ``deadline_s`` (``None``: no pool deadline, as the paper; module docstring)."""
 
     horizon: int = 72
     gamma: float = 0.86
@@ -92,6 +99,7 @@ class BFIOPolicy:
     max_candidates: int = 1024
     predictor: Predictor | None = None
     features: FeatureSource | None = None
+    deadline_s: float | None = None
     name: str = "bfio"
 
     def __post_init__(self) -> None:
@@ -103,6 +111,8 @@ class BFIOPolicy:
             raise ValueError(f"{self.alpha=} and {self.beta=} must be > 0")
         if self.greedy_slots < 0 or self.max_candidates < 1:
             raise ValueError(f"{self.greedy_slots=} must be >= 0 and {self.max_candidates=} >= 1")
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise ValueError(f"{self.deadline_s=} must be > 0 (or None: no pool deadline)")
 
     def bind(self, workload: Workload) -> BFIOPolicy:
         """A copy whose request ids are rows of ``workload`` (the simulator's ids)."""
@@ -161,6 +171,16 @@ class BFIOPolicy:
             free[g] -= len(idx)
             proj[g] += float(sizes[idx].sum())
 
+        # 0) the pool deadline (KV lease), when set: the oldest late request first
+        if self.deadline_s is not None:
+            late = np.flatnonzero(pool.wait >= self.deadline_s)
+            for i in late[np.argsort(-pool.wait[late], kind="stable")]:
+                open_g = np.flatnonzero(free > 0)
+                if open_g.shape[0] == 0:
+                    break
+                scores = [self._scorer(proj, int(g))[0](float(sizes[i])) for g in open_g]
+                best = max(range(open_g.shape[0]), key=lambda j: (scores[j], free[open_g[j]]))
+                place([int(i)], int(open_g[best]))
         # 1) greedy phase
         while alive.any() and free.sum() > self.greedy_slots:
             open_g = np.flatnonzero(free == free.max())
@@ -221,3 +241,9 @@ class BFIOPolicy:
 def bfio_h0(**params: object) -> BFIOPolicy:
     """``bfio-h0``: BF-IO on current loads only (T = 0)."""
     return BFIOPolicy(**{"horizon": 0, "name": "bfio-h0", **params})  # type: ignore[arg-type]
+
+
+def bfio_h0_lease(**params: object) -> BFIOPolicy:
+    """``bfio-h0-lease``: ``bfio-h0`` under the KV lease — the pool deadline BR-0 keeps
+    (``deadline_s`` = :data:`~balanceroute.core.dynamics.KV_LEASE_S` unless given)."""
+    return bfio_h0(**{"name": "bfio-h0-lease", "deadline_s": KV_LEASE_S, **params})

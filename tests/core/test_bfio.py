@@ -65,6 +65,21 @@ def test_greedy_phase_takes_the_emptiest_replica_and_the_best_f():
     assert out.replica.tolist()[:2] == [0, 0]
 
 
+def test_the_pool_deadline_places_late_requests_first_when_set():
+    # one free slot (fine phase): without a deadline the least loaded replica 1 (margin 900)
+    # takes the largest sum ≤ 900, the 800; with deadline_s = 30 the request that waited 31 s,
+    # the 50, goes first — and to replica 1, where it fits (F = 50; on replica 0 it overflows).
+    state = _state([1000, 100], [1, 1])
+    view = PoolView(prompt_len=np.array([800, 50]), wait=np.array([1.0, 31.0]),
+                    request_ids=np.arange(2))
+    assert get_policy("bfio-h0").assign(state, view).pool_index.tolist()[0] == 0
+    late = get_policy("bfio-h0", deadline_s=30.0).assign(state, view)
+    validate_assignment(state, view, late)
+    assert (late.pool_index[0], late.replica[0]) == (1, 1)
+    with pytest.raises(ValueError, match="deadline_s"):
+        BFIOPolicy(deadline_s=0.0)
+
+
 def test_forecast_departures_free_margin_ahead():
     # both replicas at the envelope 1000; replica 1's only request ends next step. With the
     # oracle and T = 72 (γ = 1) its margins are (0, 1000, …): F(S) = 73·S − 43·S > 0 grows with
