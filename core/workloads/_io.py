@@ -214,15 +214,20 @@ def parse_int(value: Any, where: str, field: str) -> int:
             pass
         else:
             return _in_range(parsed, where, field)
-    number = math.nan
-    if not isinstance(value, bool):
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            pass
+    number = _as_float(value)
     if not math.isfinite(number) or number != int(number):
         raise WorkloadError(f"{where}: field {field}: {value!r} is not an integer")
     return _in_range(int(number), where, field)
+
+
+def _as_float(value: Any) -> float:
+    """``float(value)``, or NaN for a bool or anything ``float`` refuses."""
+    if isinstance(value, bool):
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def _in_range(number: int, where: str, field: str) -> int:
@@ -233,12 +238,7 @@ def _in_range(number: int, where: str, field: str) -> int:
 
 def parse_float(value: Any, where: str, field: str) -> float:
     """``value`` (text or JSON number) as a finite float."""
-    number = math.nan
-    if not isinstance(value, bool):
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            pass
+    number = _as_float(value)
     if not math.isfinite(number):
         raise WorkloadError(f"{where}: field {field}: {value!r} is not a finite number")
     return number
