@@ -11,7 +11,7 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_REQUESTS", "add_cluster_args", "add_workload_args", "check_fill", "config_from_args",
-    "limits_from_args", "warn", "workload_from_args",
+    "limits_from_args", "policy_names_arg", "warn", "workload_from_args",
 ]
 
 DEFAULT_REQUESTS = 20_000
@@ -117,3 +117,28 @@ def check_fill(workload, config) -> None:
         warn(f"{len(workload):,} simulated requests for G*B = {total:,} slots: the cluster never "
              "fills, so every policy places each request on arrival and the comparison says "
              "little (use more --requests or fewer --slots)")
+
+
+def policy_names_arg(text: str | None, option: str, *, quiet: bool = False) -> list[str]:
+    """The policy names of a comma-separated ``option`` (``None``: the default rows, with a note
+    per row left out for a missing extra); ``ValueError`` for an empty, unknown or repeated
+    name."""
+    from balanceroute.catalogue import CATALOGUE, default_names, missing_extras
+
+    valid = list(CATALOGUE)
+    if text is None:
+        for name, extra in ({} if quiet else missing_extras()).items():
+            print(f"note: {name} left out: install balanceroute[{extra}] for it", file=sys.stderr)
+        return default_names()
+    names = [n.strip() for n in text.split(",")]
+    if not any(names):
+        raise ValueError(f"{option} {text!r} names no policy; valid: {', '.join(valid)}")
+    if "" in names:
+        raise ValueError(f"{option} {text!r} has an empty name between commas")
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise ValueError(f"unknown policy {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"{option} names {', '.join(map(repr, repeated))} more than once")
+    return names

@@ -15,32 +15,11 @@ from .args import (
     add_workload_args,
     check_fill,
     config_from_args,
+    policy_names_arg,
     workload_from_args,
 )
 
 __all__ = ["register"]
-
-
-def _policy_names(text: str | None, option: str, *, quiet: bool = False) -> list[str]:
-    from balanceroute.catalogue import CATALOGUE, default_names, missing_extras
-
-    valid = list(CATALOGUE)
-    if text is None:
-        for name, extra in ({} if quiet else missing_extras()).items():
-            print(f"note: {name} left out: install balanceroute[{extra}] for it", file=sys.stderr)
-        return default_names()
-    names = [n.strip() for n in text.split(",")]
-    if not any(names):
-        raise ValueError(f"{option} {text!r} names no policy; valid: {', '.join(valid)}")
-    if "" in names:
-        raise ValueError(f"{option} {text!r} has an empty name between commas")
-    unknown = [n for n in names if n not in valid]
-    if unknown:
-        raise ValueError(f"unknown policy {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}")
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise ValueError(f"{option} names {', '.join(map(repr, repeated))} more than once")
-    return names
 
 
 def _check_output_args(args: argparse.Namespace) -> None:
@@ -137,7 +116,7 @@ def _run_compare(args: argparse.Namespace, names: list[str], *, reference: bool)
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    names = _policy_names(args.policy, "--policy")
+    names = policy_names_arg(args.policy, "--policy")
     if len(names) != 1:
         raise ValueError(f"--policy takes one policy; use `balanceroute compare --policies "
                          f"{args.policy}` for several")
@@ -145,7 +124,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    return _run_compare(args, _policy_names(args.policies, "--policies", quiet=args.quiet), reference=True)
+    return _run_compare(args, policy_names_arg(args.policies, "--policies", quiet=args.quiet), reference=True)
 
 
 def _cmd_workloads(args: argparse.Namespace) -> int:

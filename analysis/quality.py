@@ -391,6 +391,8 @@ def add_quality_args(p: argparse.ArgumentParser) -> None:
                    help="the full matrix (48 saturated + 48 open-loop cells; long) instead of the quick one")
     p.add_argument("--experiment", choices=("quality", "ttft_pareto", "ttft_open_loop"),
                    default="quality", help="which grid to run (default: %(default)s)")
+    p.add_argument("--policies", default=None,
+                   help="only these rows, comma-separated (default: all of " + ",".join(QUALITY_POLICIES) + ")")
     p.add_argument("--jobs", type=int, default=1, help="local worker processes (default: 1)")
     p.add_argument("--csv", default=None, help="also write the rows to this CSV")
 
@@ -399,11 +401,19 @@ def run_quality(args: argparse.Namespace) -> int:
     """``balanceroute quality``: run a grid, print the per-cell numbers and the rule counts."""
     from balanceroute.catalogue import available_names
 
+    from .args import policy_names_arg
     from .sweep import RunByKind, run_grid, write_csv
 
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
-    cells = declare_quality("full" if args.full else "quick", available_names())[args.experiment]
+    names = available_names()
+    if args.policies is not None:
+        names = policy_names_arg(args.policies, "--policies")
+        outside = [n for n in names if n not in QUALITY_POLICIES]
+        if outside:
+            raise ValueError(f"--policies: {', '.join(map(repr, outside))} not a matrix row; "
+                             f"rows: {', '.join(QUALITY_POLICIES)}")
+    cells = declare_quality("full" if args.full else "quick", names)[args.experiment]
     grid = run_grid(cells, RunByKind({"quality": run_quality_cell}), jobs=args.jobs,
                     cache_dir=None, use_cache=False)
     rows = grid.rows

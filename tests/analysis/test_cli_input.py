@@ -74,6 +74,17 @@ def test_bad_flags_are_one_line_errors(capsys, argv, message) -> None:
     assert err.count("\n") == 1 and message in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("names, message", [
+    ("nope", "unknown policy 'nope'"),
+    ("br0,random", "'random' not a matrix row; rows: jsq,"),
+    ("br0,,jsq", "empty name between commas"),
+])
+def test_quality_rows_are_checked_before_anything_runs(capsys, names, message) -> None:
+    code, out, err = run(["quality", "--policies", names], capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err, err
+
+
 def test_nonsense_setups_are_warned_about(capsys) -> None:
     code, _, err = run(["simulate", "--requests", "40", "--rate-scale", "2", "--prefill-delay", "1",
                         "-q"], capsys)
