@@ -395,11 +395,15 @@ def add_quality_args(p: argparse.ArgumentParser) -> None:
                    help="only these rows, comma-separated (default: all of " + ",".join(QUALITY_POLICIES) + ")")
     p.add_argument("--jobs", type=int, default=1, help="local worker processes (default: 1)")
     p.add_argument("--csv", default=None, help="also write the rows to this CSV")
+    from balanceroute.progress import add_quiet_arg
+
+    add_quiet_arg(p)
 
 
 def run_quality(args: argparse.Namespace) -> int:
     """``balanceroute quality``: run a grid, print the per-cell numbers and the rule counts."""
     from balanceroute.catalogue import available_names
+    from balanceroute.progress import progress
 
     from .args import policy_names_arg
     from .sweep import RunByKind, run_grid, write_csv
@@ -414,8 +418,17 @@ def run_quality(args: argparse.Namespace) -> int:
             raise ValueError(f"--policies: {', '.join(map(repr, outside))} not a matrix row; "
                              f"rows: {', '.join(QUALITY_POLICIES)}")
     cells = declare_quality("full" if args.full else "quick", names)[args.experiment]
-    grid = run_grid(cells, RunByKind({"quality": run_quality_cell}), jobs=args.jobs,
-                    cache_dir=None, use_cache=False)
+    bar = progress(len(cells), args.experiment, "cells", quiet=args.quiet)
+
+    def on_done(o: Any) -> None:
+        bar.set_postfix_str(f"{o.cell.workload} {o.cell.policy} G={o.cell.replicas}")
+        bar.update(1)
+
+    try:
+        grid = run_grid(cells, RunByKind({"quality": run_quality_cell}), jobs=args.jobs,
+                        cache_dir=None, use_cache=False, on_done=on_done)
+    finally:
+        bar.close()
     rows = grid.rows
     if args.csv:
         write_csv(rows, args.csv)

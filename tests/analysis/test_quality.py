@@ -87,3 +87,20 @@ def test_one_saturated_and_one_open_loop_cell():
     cap = saturated_capacity("azure-conv-2023", 600, 0, 4, 8)
     assert opened["capacity_rps"] == cap
     assert math.isclose(opened["rate_scale"], 0.5 * cap / opened["native_rps"])
+
+
+def test_the_command_prints_the_matrix_the_rules_and_progress(monkeypatch, capsys):
+    import balanceroute.analysis.quality as quality
+    from balanceroute.cli import main
+
+    base = dict(experiment="quality", kind="quality", workload="azure-conv-2023", replicas=4,
+                slots=8, requests=400, seed=0, options=(("load", "saturated"),))
+    monkeypatch.setattr(quality, "declare_quality", lambda profile, names: {
+        "quality": [Cell(policy=p, **base) for p in names]})
+    assert main(["quality", "--policies", "jsq,br0"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("| cell | jsq | br0 |") and "azure-conv-2023 G=4 n=400 seed=0 saturated" in out
+    assert "brh-oracle ≤ br0: **0 of 1 cells break it**" in out
+    assert "quality: 2/2 cells (100 %)" in err  # the log line of a non-terminal run
+    assert main(["quality", "--policies", "jsq", "-q"]) == 0
+    assert capsys.readouterr().err == ""
