@@ -260,6 +260,40 @@ def _share(values: list[float]) -> str:
     return f"{100 * lo:.1f} %" if lo == hi else f"{100 * lo:.1f}–{100 * hi:.1f} %"
 
 
+_RATIOS = (("brh-oracle ÷ br0", ("brh-oracle",), ("br0",)),
+           ("brh-survival ÷ br0", ("brh-survival",), ("br0",)),
+           ("best BR ÷ bfio-h0", ("br0", "brh-survival"), ("bfio-h0",)),
+           ("best BR ÷ bfio-h0-lease", ("br0", "brh-survival"), ("bfio-h0-lease",)),
+           ("best BR ÷ least_load", ("br0", "brh-survival"), ("least_load",)))
+
+
+def seed_lines(cells: dict[tuple, dict[str, dict]]) -> list[str]:
+    """Where a cell was run at several seeds: per ratio, its geometric mean over the seeds and
+    the range — whether a broken rule is a seed's draw or the same every time."""
+    groups: dict[tuple, list[dict[str, dict]]] = defaultdict(list)
+    for (w, g, n, _seed, load), by in cells.items():
+        groups[(w, g, n, load)].append(by)
+    groups = {k: v for k, v in groups.items() if len(v) > 1}
+    ratios = [(label, num, den) for label, num, den in _RATIOS
+              if any(all(any(p in by for p in side) for side in (num, den))
+                     for v in groups.values() for by in v)]
+    if not groups or not ratios:
+        return []
+    head = ["cells over seeds", *(label for label, _, _ in ratios)]
+    out = ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (w, g, n, load), runs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        vals = []
+        for _, num, den in ratios:
+            xs = [min(float(by[p]["mean_imbalance"]) for p in num if p in by)
+                  / min(float(by[p]["mean_imbalance"]) for p in den if p in by)
+                  for by in runs if any(p in by for p in num) and any(p in by for p in den)]
+            vals.append(f"{math.exp(float(np.mean(np.log(xs)))):.2f} ({min(xs):.2f}–{max(xs):.2f})"
+                        if xs else "—")
+        where = "saturated" if load == "saturated" else f"{float(load):g}×"
+        out.append(f"| {w} G={g} n={n:,} {where}, {len(runs)} seeds | " + " | ".join(vals) + " |")
+    return out + [""]
+
+
 def context_lines(rows: list[dict]) -> list[str]:
     """What the rule counts alone do not say (both read from the rows, no constants):
 
@@ -298,6 +332,7 @@ def context_lines(rows: list[dict]) -> list[str]:
         n_lease = sum("bfio-h0-lease" in by for by in cells.values())
         out.append(f"- min(br0, brh-survival) ≤ bfio-h0-lease (BF-IO-H0 with the same "
                    f"{KV_LEASE_S:g} s pool deadline): {len(lease_beaten)} of {n_lease} cells break it")
+    out += seed_lines(cells)
     beaten = [key for key, _ in rule_violations(rows)["best_br<=bfio-h0"]]
     missed = [float(cells[k]["bfio-h0"].get("kv_lease_missed") or "nan") for k in beaten]
     known = [m for m in missed if not math.isnan(m)]

@@ -59,6 +59,15 @@ def test_context_splits_the_throughput_rule_and_names_bfio_lease_misses():
     assert "bfio-h0 past lease" in matrix_lines(rows)[0] and "2.5 %" in "".join(matrix_lines(rows))
 
 
+def test_seed_lines_give_each_ratio_over_the_seeds():
+    a = dict(workload="w", replicas=8, requests=3000, seed=0, load="saturated")
+    rows = _rows(a, br0=50.0, **{"brh-oracle": 25.0}) + _rows({**a, "seed": 1}, br0=40.0, **{"brh-oracle": 80.0})
+    rows += _rows({**a, "workload": "alone"}, br0=1.0, **{"brh-oracle": 1.0})  # one seed: no line
+    lines = [line for line in context_lines(rows) if line.startswith("| w G=8")]
+    # oracle ÷ br0 = 0.5 and 2.0: geometric mean 1.00, range 0.50–2.00
+    assert lines == ["| w G=8 n=3,000 saturated, 2 seeds | 1.00 (0.50–2.00) |"]
+
+
 def test_declared_grids_have_the_issue_shapes():
     full = declare_quality("full", QUALITY_POLICIES)
     saturated = {(c.workload, c.replicas, c.requests, c.seed) for c in full["quality"]
