@@ -257,7 +257,7 @@ def rules_lines(rows: list[dict], *, details: int = 6) -> list[str]:
 
 def _share(values: list[float]) -> str:
     lo, hi = min(values), max(values)
-    return f"{100 * lo:.1f} %" if lo == hi else f"{100 * lo:.1f}–{100 * hi:.1f} %"
+    return f"{100 * lo:.2g} %" if lo == hi else f"{100 * lo:.2g}–{100 * hi:.3g} %"
 
 
 _RATIOS = (("brh-oracle ÷ br0", ("brh-oracle",), ("br0",)),
