@@ -178,38 +178,63 @@ def _lowest_in(sets, k, lo, hi):  # pragma: no cover - compiled
     return total if total <= hi else -1
 
 
+_DEBRUIJN = np.uint64(0x03F79D71B4CB0A89)
+_DEBRUIJN_INDEX = np.array([
+    0, 1, 48, 2, 57, 49, 28, 3, 61, 58, 50, 42, 38, 29, 17, 4, 62, 55, 59, 36, 53, 51, 43, 22,
+    45, 39, 33, 30, 24, 18, 12, 5, 63, 47, 56, 27, 60, 41, 37, 16, 54, 35, 52, 21, 44, 32, 23, 11,
+    46, 26, 40, 15, 34, 20, 31, 10, 25, 14, 19, 9, 13, 8, 7, 6], dtype=np.int64)
+"""Index of the lowest set bit of a word x: ``_DEBRUIJN_INDEX[((x & −x)·_DEBRUIJN) >> 58]``."""
+
+
 @njit
 def _fill_proposals(items, qsize, n_items, k_lo, cap, safe_q, hi_q, prop, prop_len):  # pragma: no cover
     """The fill's candidate sets: for k = cap, cap − 1, …, k_lo the exactly-k subset of the
     ``items[:n_items]`` (quantised sizes ``qsize``) whose sum is the largest ≤ ``safe_q``, then the
     one whose sum is the smallest in (``safe_q``, ``hi_q``] (when they exist). Subset sums are
-    bitsets (uint64 words); a k-subset is rebuilt from the last item back, taking an item whenever
-    the sum left minus its size is reachable with k − 1 of the items before it. Writes the sets
-    (item positions, ascending) to ``prop`` rows with their sizes in ``prop_len``; returns the
-    number of sets."""
+    bitsets (uint64 words); ``first[k, b]`` is the item at which sum b first became reachable with k
+    items (−1 for the empty set), recorded as its bit is newly set. A k-subset is rebuilt from the
+    last item back, taking item t whenever the sum left minus its size is reachable with k − 1 of
+    the items before it, i.e. ``first[k − 1, left − s_t] < t``. Writes the sets (item positions,
+    ascending) to ``prop`` rows with their sizes in ``prop_len``; returns the number of sets."""
     words = (hi_q >> 6) + 1
     last_bits = (hi_q & 63) + 1
     last_mask = np.uint64(0xFFFFFFFFFFFFFFFF) if last_bits == 64 else \
         (np.uint64(1) << np.uint64(last_bits)) - np.uint64(1)
     reach = np.zeros((cap + 1, words), dtype=np.uint64)
     reach[0, 0] = np.uint64(1)
-    hist = np.empty((n_items, cap, words), dtype=np.uint64)  # reach[:cap] before each item
+    # rows' non-zero words lie in lo[k]..hi[k] (a superset): the shifts skip the empty words
+    lo = np.full(cap + 1, words, dtype=np.int64)
+    hi = np.full(cap + 1, -1, dtype=np.int64)
+    lo[0] = hi[0] = 0
+    # read only where the final ``reach`` has the bit: every such entry has been written
+    first = np.empty((cap, hi_q + 1), dtype=np.int32)
+    first[0, 0] = -1
     for t in range(n_items):
-        for k in range(cap):
-            for w in range(words):
-                hist[t, k, w] = reach[k, w]
         s = qsize[t]
         ws = s >> 6
         bs = np.uint64(s & 63)
         back = np.uint64(64 - (s & 63))
         for k in range(min(t + 1, cap), 0, -1):
-            for w in range(words - 1, ws - 1, -1):
+            w_lo = lo[k - 1] + ws
+            w_hi = min(hi[k - 1] + ws + 1, words - 1)
+            if w_lo > w_hi:  # row k − 1 is empty, or every shifted sum exceeds hi_q
+                continue
+            for w in range(w_lo, w_hi + 1):
                 src = w - ws
                 v = reach[k - 1, src] << bs
-                if (s & 63) != 0 and src > 0:
+                if bs != np.uint64(0) and src > 0:
                     v |= reach[k - 1, src - 1] >> back
-                reach[k, w] |= v
-            reach[k, words - 1] &= last_mask
+                if w == words - 1:
+                    v &= last_mask
+                new = v & ~reach[k, w]
+                if new != np.uint64(0):
+                    reach[k, w] |= new
+                    while k < cap and new != np.uint64(0):  # (no one rebuilds from the top row)
+                        low = new & (~new + np.uint64(1))
+                        first[k, (w << 6) + _DEBRUIJN_INDEX[(low * _DEBRUIJN) >> np.uint64(58)]] = t
+                        new ^= low
+            lo[k] = min(lo[k], w_lo)
+            hi[k] = max(hi[k], w_hi)
     n_prop = 0
     for k in range(cap, k_lo - 1, -1):
         for side in range(2):
@@ -225,7 +250,7 @@ def _fill_proposals(items, qsize, n_items, k_lo, cap, safe_q, hi_q, prop, prop_l
                 if j == 0:
                     break
                 s = qsize[t]
-                if left >= s and _bit(hist[t], j - 1, left - s):
+                if left >= s and _bit(reach, j - 1, left - s) and first[j - 1, left - s] < t:
                     j -= 1
                     prop[n_prop, j] = t
                     left -= s
