@@ -281,6 +281,44 @@ def _stage2_replica(free, loads, env, by_margin):  # pragma: no cover - compiled
 
 
 @njit
+def _fill_level(loads, env, g, d, alpha, beta, marg):  # pragma: no cover - compiled
+    """The best constant fill of replica g's margin profile m_h = M̂(h) − L̂_g(h): the Δ maximising
+    α·(Σ_h d_h)·Δ − β·Σ_h d_h·(Δ − m_h)_+ — the smallest margin (ascending; ties: smaller h) at
+    which the discount weight of the margins up to it reaches α·Σ d/β (else the largest margin)."""
+    width = d.shape[0]
+    total = 0.0
+    for h in range(width):
+        total += d[h]
+        marg[h] = env[h] - loads[g, h]
+    order = np.argsort(marg, kind="mergesort")
+    need = alpha * total
+    acc = 0.0
+    for t in range(width):
+        acc += d[order[t]]
+        if beta * acc >= need:
+            return marg[order[t]]
+    return marg[order[width - 1]]
+
+
+@njit
+def _fill_replica(free, loads, env, d, alpha, beta, by_level, marg):  # pragma: no cover - compiled
+    """The open replica the fill serves next: the largest fill level (``by_level``, with a horizon;
+    with H = 0 it is the margin m(0)) or the largest margin m(0); ties: more free slots, lower
+    index."""
+    if not by_level or loads.shape[1] == 1:
+        return _stage2_replica(free, loads, env, True)
+    g = -1
+    best = 0.0
+    for r in range(loads.shape[0]):
+        if free[r] <= 0:
+            continue
+        level = _fill_level(loads, env, r, d, alpha, beta, marg)
+        if g < 0 or level > best or (level == best and free[r] > free[g]):
+            g, best = r, level
+    return g
+
+
+@njit
 def _set_score(q, n_q, sizes, growth, exact, bonus, loads, env, g, d, alpha, ad, beta,
                traj):  # pragma: no cover - compiled
     """F(Q) + Σ_{i∈Q} u_i on replica g for the pool indices ``q[:n_q]`` (the reference's order)."""
@@ -303,9 +341,11 @@ def _set_score(q, n_q, sizes, growth, exact, bonus, loads, env, g, d, alpha, ad,
 
 @njit
 def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, lin, cmax, d, alpha,
-                ad, beta, bonus, tot, f1, traj, alive, placed, remaining, out_i, out_g):  # pragma: no cover
+                ad, beta, bonus, tot, f1, traj, alive, placed, remaining, by_level, out_i,
+                out_g):  # pragma: no cover - compiled
     """Stage 2 as a fill (``r_max = 0``): while slots are left, the open replica with the largest
-    margin m(0) (ties: more free slots, lower index) takes the best of the DP's proposals
+    fill level (``by_level``; else margin m(0); ties: more free slots, lower index, see
+    :func:`_fill_replica`) takes the best of the DP's proposals
     (:func:`_fill_proposals` over the oldest ``FILL_WINDOW`` pooled requests, sizes in quanta of
     q = 1 + 2·safe // ``FILL_LEVELS``, safe = ⌊min_h m_h⌋) and the best single request, by
     F(Q) + Σ u_i (ties: the earlier proposal, the single last); if that is ≤ 0, the best single
@@ -315,8 +355,9 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
     items = np.empty(min(n_pool, FILL_WINDOW), dtype=np.int64)
     qsize = np.empty(min(n_pool, FILL_WINDOW), dtype=np.int64)
     q_set = np.empty(n_pool, dtype=np.int64)
+    marg = np.empty(width)
     while placed < remaining:
-        g = _stage2_replica(free, loads, env, True)
+        g = _fill_replica(free, loads, env, d, alpha, beta, by_level, marg)
         _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus,
                      tot, f1)
         single = -1  # best F({i}) + u_i, ties: pool order
@@ -384,7 +425,7 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
 @njit
 def two_stage_kernel(
     loads, free, sizes, wait, d, alpha, beta, s_greedy, r_max, deadline_s, growth, has_growth,
-    exact_score, fit_stage1, growth_steps, ttft_slo_s, out_i, out_g,
+    exact_score, fit_stage1, growth_steps, ttft_slo_s, fill_by_level, out_i, out_g,
 ):  # pragma: no cover - compiled; tested against the reference through two_stage_assign
     """The tick of :func:`two_stage_assign` on mutable copies ``loads`` (G, W) and ``free``;
     writes the decisions to ``out_i``/``out_g`` and returns how many there are."""
@@ -511,7 +552,7 @@ def two_stage_kernel(
     if r_max <= 0:  # (2') the fill: exact subset sums over the pool, replicas by margin
         return _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, lin, cmax,
                            d, alpha, ad, beta, bonus, tot, f1, traj, alive, placed, remaining,
-                           out_i, out_g)
+                           fill_by_level, out_i, out_g)
     # (2) scarce room: best subset of the top r_max candidates for the top replica
     cand = np.empty(max(r_max, 1), dtype=np.int64)
     idx = np.empty(max(r_max, 1), dtype=np.int64)
@@ -715,7 +756,7 @@ def simulate_loop(
                 n_chosen = two_stage_kernel(
                     proj, free, sizes[:pool_n], waited[:pool_n], ones, 1.0, beta, s_greedy,
                     r_max, deadline_s, no_growth, False, False, fit_stage1, growth_steps, ttft_slo_s,
-                    out_i, out_g,
+                    True, out_i, out_g,
                 )
                 for t in range(n_chosen):
                     rid = pool[out_i[t]]

@@ -176,10 +176,12 @@ def test_tick_kernel_equals_numpy_path_and_reference(instance, data):
     dep = np.array(data.draw(st.lists(st.integers(1, width), min_size=len(pool), max_size=len(pool))),
                    dtype=np.int64)
     growth = projection.placement_growth(prompt, dep, horizon) if horizon else None
-    # every tick option: the score, Stage 1's rule and growth window, the urgency term
+    # every tick option: the score, Stage 1's rule and growth window, the urgency term, the
+    # fill's replica order
     options = data.draw(st.fixed_dictionaries({
         "score": st.sampled_from(["exact", "paper"]), "stage1": st.sampled_from(["fit", "paper"]),
         "growth_steps": st.sampled_from([0.0, 64.0]), "ttft_slo_s": st.sampled_from([None, 2.0]),
+        "fill_order": st.sampled_from(["level", "margin"]),
     }))
     kwargs = dict(d=0.5 ** np.arange(width), alpha=1.0, beta=float(2 * len(loads)),
                   s_greedy=s_greedy, r_max=r_max, deadline_s=30.0, **options)
