@@ -179,8 +179,8 @@ def two_stage_assign(
 
     ``r_max = 0`` is the *fill* tick (``papers/fill.md``): in (2) the replica with the largest
     fill level :func:`fill_level` of its margins m(h) (``fill_order="margin"``: the largest m(0);
-    the two agree when H = 0; ties: more free slots) takes the best, by F(Q) + Σ u_i, of an exact subset-sum
-    search over the first ``FILL_WINDOW`` pooled requests — for each size k from its free slots
+    the two agree when H = 0; ties: more free slots) takes the best, by F(Q) + Σ u_i, of an exact
+    subset-sum search over the first ``FILL_WINDOW`` pooled requests — for each size k from its free slots
     (capped by what is left to place) down to free slots − the tick's slack, the k-set with the
     largest sum ≤ ⌊min_h m(h)⌋ and the one with the smallest sum above it (≤ 2⌊min_h m(h)⌋; sizes in
     quanta of 1 + 2⌊min_h m(h)⌋ // ``FILL_LEVELS`` tokens) — or its best single request when that
@@ -313,7 +313,7 @@ def _two_stage_numpy(
         f1[~alive] = -np.inf
         place(int(np.argmax(f1)), g)
 
-    # (2') the fill: exact subset sums over the pool, replicas by margin (r_max = 0)
+    # (2') the fill: exact subset sums over the pool, replicas by fill level (r_max = 0)
     while r_max == 0 and len(out_i) < remaining:
         open_g = np.flatnonzero(free > 0)
         if fill_order == "level" and loads.shape[1] > 1:
