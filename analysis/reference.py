@@ -65,6 +65,7 @@ def reference_tick(
     stage1: str = "fit",
     growth_steps: float = 0.0,
     ttft_slo_s: float | None = None,
+    fill_order: str = "level",
 ) -> list[tuple[int, int]]:
     """One tick; returns ``[(pool_index, replica), ...]`` in decision order."""
     loads = [list(row) for row in proj_loads]
@@ -146,10 +147,22 @@ def reference_tick(
         i = max((i for i in range(n) if alive[i]), key=lambda i: (f_set([i], m), -i))
         place(i, g)
 
+    def level(g: int) -> float:  # the best constant fill Δ of g's margins (fill order "level")
+        m = margin(g)
+        if fill_order != "level" or horizon == 1:
+            return m[0]
+        acc, total = 0.0, 0.0
+        for dh in d:
+            total += dh
+        for h in sorted(range(horizon), key=lambda h: m[h]):  # ascending, ties: smaller h
+            acc += d[h]
+            if beta * acc >= alpha * total:  # the slope α·Σd − β·acc of the fill turns ≤ 0
+                return m[h]
+        return max(m)
+
     while r_max == 0 and len(out) < remaining:  # the fill (r_max = 0)
-        e0 = env()[0]
         g = max((g for g in range(len(free)) if free[g] > 0),
-                key=lambda g: (e0 - loads[g][0], free[g], -g))
+                key=lambda g: (level(g), free[g], -g))
         m = margin(g)
         single = max((i for i in range(n) if alive[i]), key=lambda i: (f_set([i], m), -i))
         best_q, best_f = [single], f_set([single], m)

@@ -1,6 +1,6 @@
 """The multi-workload sweep behind the shipped BR-0 / BR-H defaults, on training data only.
 
-``python -m balanceroute.analysis.sweep_defaults [br0|brh|fill] [--out CSV]`` runs it (nice it: it is a
+``python -m balanceroute.analysis.sweep_defaults [br0|brh|fill|brhfill] [--out CSV]`` runs it (nice it: it is a
 few minutes of one core per part). The data never overlap what the quality matrix or Table 1
 *simulate*: the generated workloads are drawn at seeds 11 and 12 (the matrix uses 0–4), and the
 replays are slices outside every simulated (test) half: mooncake-conv rows 3,000–6,000 and
@@ -62,13 +62,25 @@ def _grid(part: str) -> list[tuple[str, dict]]:
             if h or (g == 1.0 and b == 2.0)]
 
 
+def _brh_fill_grid() -> list[tuple[str, dict]]:
+    """BR-H's fill tick: replicas by fill level (shipped) or by current margin m(0) (before), then
+    β, γ and H around the shipped 2·G, 0.86, 80 with the fill level."""
+    rows = []
+    for name in ("brh-survival", "brh-oracle"):
+        rows += [(name, dict(fill_order=order)) for order in ("level", "margin")]
+        rows += [(name, dict(beta=b * G, gamma=g, horizon=h))
+                 for b, g, h in itertools.product((1.0, 2.0, 3.0, 4.0), (0.86, 0.95), (40, 80))
+                 if (b, g, h) != (2.0, 0.86, 80)]
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one part of the sweep and write one CSV row per (slice, load, policy, params)."""
     from balanceroute.catalogue import build_policy
     from balanceroute.core.simulator import SimConfig, simulate
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=("br0", "brh", "fill"))
+    ap.add_argument("part", choices=("br0", "brh", "fill", "brhfill"))
     ap.add_argument("--out", default="-")
     args = ap.parse_args(argv)
     sat = SimConfig(num_replicas=G, slots=64, check_assignments=False)
@@ -79,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                      "least_load_imbalance", "jsq_ttft_s_p99", "throughput_loaded_tok_s"])
     # BR-0's ticks are judged below saturation too (open loop at 0.5 and 1.0 of JSQ's
     # saturated request rate); BR-H saturated only
-    loads = ("saturated",) if args.part == "brh" else ("saturated", 0.5, 1.0)
+    loads = ("saturated",) if args.part in ("brh", "brhfill") else ("saturated", 0.5, 1.0)
+    grid = _brh_fill_grid() if args.part == "brhfill" else _grid(args.part)
     for label, train, test in training_slices():
         def build(name, train=train, test=test, **kw):
             return build_policy(name, kw, train=train, test=test)
@@ -94,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             base = simulate(test, build("br0"), cfg).metrics
             fifo = simulate(test, build("least_load"), cfg).metrics
             jsq = simulate(test, build("jsq"), cfg).metrics
-            for name, params in _grid(args.part):
+            for name, params in grid:
                 if name != "br0" and load != "saturated":
                     continue  # BR-H rows: saturated only
                 m = simulate(test, build(name, **params), cfg).metrics

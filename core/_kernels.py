@@ -178,38 +178,63 @@ def _lowest_in(sets, k, lo, hi):  # pragma: no cover - compiled
     return total if total <= hi else -1
 
 
+_DEBRUIJN = np.uint64(0x03F79D71B4CB0A89)
+_DEBRUIJN_INDEX = np.array([
+    0, 1, 48, 2, 57, 49, 28, 3, 61, 58, 50, 42, 38, 29, 17, 4, 62, 55, 59, 36, 53, 51, 43, 22,
+    45, 39, 33, 30, 24, 18, 12, 5, 63, 47, 56, 27, 60, 41, 37, 16, 54, 35, 52, 21, 44, 32, 23, 11,
+    46, 26, 40, 15, 34, 20, 31, 10, 25, 14, 19, 9, 13, 8, 7, 6], dtype=np.int64)
+"""Index of the lowest set bit of a word x: ``_DEBRUIJN_INDEX[((x & −x)·_DEBRUIJN) >> 58]``."""
+
+
 @njit
 def _fill_proposals(items, qsize, n_items, k_lo, cap, safe_q, hi_q, prop, prop_len):  # pragma: no cover
     """The fill's candidate sets: for k = cap, cap − 1, …, k_lo the exactly-k subset of the
     ``items[:n_items]`` (quantised sizes ``qsize``) whose sum is the largest ≤ ``safe_q``, then the
     one whose sum is the smallest in (``safe_q``, ``hi_q``] (when they exist). Subset sums are
-    bitsets (uint64 words); a k-subset is rebuilt from the last item back, taking an item whenever
-    the sum left minus its size is reachable with k − 1 of the items before it. Writes the sets
-    (item positions, ascending) to ``prop`` rows with their sizes in ``prop_len``; returns the
-    number of sets."""
+    bitsets (uint64 words); ``first[k, b]`` is the item at which sum b first became reachable with k
+    items (−1 for the empty set), recorded as its bit is newly set. A k-subset is rebuilt from the
+    last item back, taking item t whenever the sum left minus its size is reachable with k − 1 of
+    the items before it, i.e. ``first[k − 1, left − s_t] < t``. Writes the sets (item positions,
+    ascending) to ``prop`` rows with their sizes in ``prop_len``; returns the number of sets."""
     words = (hi_q >> 6) + 1
     last_bits = (hi_q & 63) + 1
     last_mask = np.uint64(0xFFFFFFFFFFFFFFFF) if last_bits == 64 else \
         (np.uint64(1) << np.uint64(last_bits)) - np.uint64(1)
     reach = np.zeros((cap + 1, words), dtype=np.uint64)
     reach[0, 0] = np.uint64(1)
-    hist = np.empty((n_items, cap, words), dtype=np.uint64)  # reach[:cap] before each item
+    # rows' non-zero words lie in lo[k]..hi[k] (a superset): the shifts skip the empty words
+    lo = np.full(cap + 1, words, dtype=np.int64)
+    hi = np.full(cap + 1, -1, dtype=np.int64)
+    lo[0] = hi[0] = 0
+    # read only where the final ``reach`` has the bit: every such entry has been written
+    first = np.empty((cap, hi_q + 1), dtype=np.int32)
+    first[0, 0] = -1
     for t in range(n_items):
-        for k in range(cap):
-            for w in range(words):
-                hist[t, k, w] = reach[k, w]
         s = qsize[t]
         ws = s >> 6
         bs = np.uint64(s & 63)
         back = np.uint64(64 - (s & 63))
         for k in range(min(t + 1, cap), 0, -1):
-            for w in range(words - 1, ws - 1, -1):
+            w_lo = lo[k - 1] + ws
+            w_hi = min(hi[k - 1] + ws + 1, words - 1)
+            if w_lo > w_hi:  # row k − 1 is empty, or every shifted sum exceeds hi_q
+                continue
+            for w in range(w_lo, w_hi + 1):
                 src = w - ws
                 v = reach[k - 1, src] << bs
-                if (s & 63) != 0 and src > 0:
+                if bs != np.uint64(0) and src > 0:
                     v |= reach[k - 1, src - 1] >> back
-                reach[k, w] |= v
-            reach[k, words - 1] &= last_mask
+                if w == words - 1:
+                    v &= last_mask
+                new = v & ~reach[k, w]
+                if new != np.uint64(0):
+                    reach[k, w] |= new
+                    while k < cap and new != np.uint64(0):  # (no one rebuilds from the top row)
+                        low = new & (~new + np.uint64(1))
+                        first[k, (w << 6) + _DEBRUIJN_INDEX[(low * _DEBRUIJN) >> np.uint64(58)]] = t
+                        new ^= low
+            lo[k] = min(lo[k], w_lo)
+            hi[k] = max(hi[k], w_hi)
     n_prop = 0
     for k in range(cap, k_lo - 1, -1):
         for side in range(2):
@@ -225,7 +250,7 @@ def _fill_proposals(items, qsize, n_items, k_lo, cap, safe_q, hi_q, prop, prop_l
                 if j == 0:
                     break
                 s = qsize[t]
-                if left >= s and _bit(hist[t], j - 1, left - s):
+                if left >= s and _bit(reach, j - 1, left - s) and first[j - 1, left - s] < t:
                     j -= 1
                     prop[n_prop, j] = t
                     left -= s
@@ -256,6 +281,44 @@ def _stage2_replica(free, loads, env, by_margin):  # pragma: no cover - compiled
 
 
 @njit
+def _fill_level(loads, env, g, d, alpha, beta, marg):  # pragma: no cover - compiled
+    """The best constant fill of replica g's margin profile m_h = M̂(h) − L̂_g(h): the Δ maximising
+    α·(Σ_h d_h)·Δ − β·Σ_h d_h·(Δ − m_h)_+ — the smallest margin (ascending; ties: smaller h) at
+    which the discount weight of the margins up to it reaches α·Σ d/β (else the largest margin)."""
+    width = d.shape[0]
+    total = 0.0
+    for h in range(width):
+        total += d[h]
+        marg[h] = env[h] - loads[g, h]
+    order = np.argsort(marg, kind="mergesort")
+    need = alpha * total
+    acc = 0.0
+    for t in range(width):
+        acc += d[order[t]]
+        if beta * acc >= need:
+            return marg[order[t]]
+    return marg[order[width - 1]]
+
+
+@njit
+def _fill_replica(free, loads, env, d, alpha, beta, by_level, marg):  # pragma: no cover - compiled
+    """The open replica the fill serves next: the largest fill level (``by_level``, with a horizon;
+    with H = 0 it is the margin m(0)) or the largest margin m(0); ties: more free slots, lower
+    index."""
+    if not by_level or loads.shape[1] == 1:
+        return _stage2_replica(free, loads, env, True)
+    g = -1
+    best = 0.0
+    for r in range(loads.shape[0]):
+        if free[r] <= 0:
+            continue
+        level = _fill_level(loads, env, r, d, alpha, beta, marg)
+        if g < 0 or level > best or (level == best and free[r] > free[g]):
+            g, best = r, level
+    return g
+
+
+@njit
 def _set_score(q, n_q, sizes, growth, exact, bonus, loads, env, g, d, alpha, ad, beta,
                traj):  # pragma: no cover - compiled
     """F(Q) + Σ_{i∈Q} u_i on replica g for the pool indices ``q[:n_q]`` (the reference's order)."""
@@ -278,9 +341,11 @@ def _set_score(q, n_q, sizes, growth, exact, bonus, loads, env, g, d, alpha, ad,
 
 @njit
 def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, lin, cmax, d, alpha,
-                ad, beta, bonus, tot, f1, traj, alive, placed, remaining, out_i, out_g):  # pragma: no cover
+                ad, beta, bonus, tot, f1, traj, alive, placed, remaining, by_level, out_i,
+                out_g):  # pragma: no cover - compiled
     """Stage 2 as a fill (``r_max = 0``): while slots are left, the open replica with the largest
-    margin m(0) (ties: more free slots, lower index) takes the best of the DP's proposals
+    fill level (``by_level``; else margin m(0); ties: more free slots, lower index, see
+    :func:`_fill_replica`) takes the best of the DP's proposals
     (:func:`_fill_proposals` over the oldest ``FILL_WINDOW`` pooled requests, sizes in quanta of
     q = 1 + 2·safe // ``FILL_LEVELS``, safe = ⌊min_h m_h⌋) and the best single request, by
     F(Q) + Σ u_i (ties: the earlier proposal, the single last); if that is ≤ 0, the best single
@@ -290,8 +355,9 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
     items = np.empty(min(n_pool, FILL_WINDOW), dtype=np.int64)
     qsize = np.empty(min(n_pool, FILL_WINDOW), dtype=np.int64)
     q_set = np.empty(n_pool, dtype=np.int64)
+    marg = np.empty(width)
     while placed < remaining:
-        g = _stage2_replica(free, loads, env, True)
+        g = _fill_replica(free, loads, env, d, alpha, beta, by_level, marg)
         _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus,
                      tot, f1)
         single = -1  # best F({i}) + u_i, ties: pool order
@@ -359,7 +425,7 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
 @njit
 def two_stage_kernel(
     loads, free, sizes, wait, d, alpha, beta, s_greedy, r_max, deadline_s, growth, has_growth,
-    exact_score, fit_stage1, growth_steps, ttft_slo_s, out_i, out_g,
+    exact_score, fit_stage1, growth_steps, ttft_slo_s, fill_by_level, out_i, out_g,
 ):  # pragma: no cover - compiled; tested against the reference through two_stage_assign
     """The tick of :func:`two_stage_assign` on mutable copies ``loads`` (G, W) and ``free``;
     writes the decisions to ``out_i``/``out_g`` and returns how many there are."""
@@ -486,7 +552,7 @@ def two_stage_kernel(
     if r_max <= 0:  # (2') the fill: exact subset sums over the pool, replicas by margin
         return _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, lin, cmax,
                            d, alpha, ad, beta, bonus, tot, f1, traj, alive, placed, remaining,
-                           out_i, out_g)
+                           fill_by_level, out_i, out_g)
     # (2) scarce room: best subset of the top r_max candidates for the top replica
     cand = np.empty(max(r_max, 1), dtype=np.int64)
     idx = np.empty(max(r_max, 1), dtype=np.int64)
@@ -690,7 +756,7 @@ def simulate_loop(
                 n_chosen = two_stage_kernel(
                     proj, free, sizes[:pool_n], waited[:pool_n], ones, 1.0, beta, s_greedy,
                     r_max, deadline_s, no_growth, False, False, fit_stage1, growth_steps, ttft_slo_s,
-                    out_i, out_g,
+                    True, out_i, out_g,
                 )
                 for t in range(n_chosen):
                     rid = pool[out_i[t]]

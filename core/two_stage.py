@@ -31,7 +31,10 @@ from ._kernels import FILL_LEVELS, FILL_WINDOW
 from ._kernels import two_stage_kernel as _two_stage_kernel
 from .state import Assignment
 
-__all__ = ["FILL_LEVELS", "FILL_WINDOW", "best_subset", "fill_proposals", "subset_masks", "two_stage_assign"]
+__all__ = [
+    "FILL_LEVELS", "FILL_WINDOW", "best_subset", "fill_level", "fill_proposals", "subset_masks",
+    "two_stage_assign",
+]
 
 _NO_GROWTH = np.zeros((0, 1), dtype=np.float64)  # writable: numba types read-only arrays apart
 
@@ -115,6 +118,25 @@ def fill_proposals(
     return out
 
 
+def fill_level(margin: NDArray, d: NDArray, alpha: float, beta: float) -> float:
+    """The best constant fill of a margin profile ``margin`` (H+1,): the Δ maximising
+    α·(Σ_h d_h)·Δ − β·Σ_h d_h·(Δ − m_h)_+ (concave, piecewise linear, kinks at the m_h). It is
+    the smallest margin (ascending; ties: smaller h) at which the discount weight of the margins
+    up to it reaches α·Σ d/β — the slope turns ≤ 0 there — or the largest margin if it never does.
+    With H = 0 it is m_0 (``papers/fill.md``, "BR-H: the replica order")."""
+    m = np.asarray(margin, dtype=np.float64)
+    total = 0.0
+    for dh in np.asarray(d, dtype=np.float64).tolist():  # Σ d in h order, as the kernel
+        total += dh
+    order = np.argsort(m, kind="stable")
+    acc = 0.0
+    for h in order.tolist():
+        acc += float(d[h])
+        if beta * acc >= alpha * total:
+            return float(m[h])
+    return float(m[order[-1]])
+
+
 def two_stage_assign(
     proj_loads: NDArray,
     free_slots: NDArray,
@@ -132,6 +154,7 @@ def two_stage_assign(
     stage1: str = "fit",
     growth_steps: float = 0.0,
     ttft_slo_s: float | None = None,
+    fill_order: str = "level",
 ) -> Assignment:
     """One scheduling tick of BalanceRoute.
 
@@ -155,8 +178,9 @@ def two_stage_assign(
     candidates, or — starvation guard — its best single request when F(Q*) ≤ 0.
 
     ``r_max = 0`` is the *fill* tick (``papers/fill.md``): in (2) the replica with the largest
-    margin m(0) (ties: more free slots) takes the best, by F(Q) + Σ u_i, of an exact subset-sum
-    search over the first ``FILL_WINDOW`` pooled requests — for each size k from its free slots
+    fill level :func:`fill_level` of its margins m(h) (``fill_order="margin"``: the largest m(0);
+    the two agree when H = 0; ties: more free slots) takes the best, by F(Q) + Σ u_i, of an exact
+    subset-sum search over the first ``FILL_WINDOW`` pooled requests — for each size k from its free slots
     (capped by what is left to place) down to free slots − the tick's slack, the k-set with the
     largest sum ≤ ⌊min_h m(h)⌋ and the one with the smallest sum above it (≤ 2⌊min_h m(h)⌋; sizes in
     quanta of 1 + 2⌊min_h m(h)⌋ // ``FILL_LEVELS`` tokens) — or its best single request when that
@@ -168,6 +192,8 @@ def two_stage_assign(
         raise ValueError(f"{score=} must be 'exact' or 'paper'")
     if stage1 not in ("fit", "paper"):
         raise ValueError(f"{stage1=} must be 'fit' or 'paper'")
+    if fill_order not in ("level", "margin"):
+        raise ValueError(f"{fill_order=} must be 'level' or 'margin'")
     slo = float("inf") if ttft_slo_s is None else float(ttft_slo_s)
     if not slo > 0:
         raise ValueError(f"{ttft_slo_s=} must be > 0 (or None: off)")
@@ -175,7 +201,7 @@ def two_stage_assign(
         return _two_stage_numpy(
             proj_loads, free_slots, prompt_len, wait, d=d, alpha=alpha, beta=beta,
             s_greedy=s_greedy, r_max=r_max, deadline_s=deadline_s, growth=growth, score=score,
-            stage1=stage1, growth_steps=growth_steps, ttft_slo_s=ttft_slo_s,
+            stage1=stage1, growth_steps=growth_steps, ttft_slo_s=ttft_slo_s, fill_order=fill_order,
         )
     if int(r_max) < 0:
         raise ValueError(f"{r_max=} must be >= 0 (0: the fill)")
@@ -194,7 +220,7 @@ def two_stage_assign(
     count = _two_stage_kernel(
         loads, free, sizes, _f64(wait), _f64(d), float(alpha), float(beta), int(s_greedy),
         int(r_max), float(deadline_s), grow, has_growth, score == "exact", stage1 == "fit",
-        float(growth_steps), slo, out_i, out_g,
+        float(growth_steps), slo, fill_order == "level", out_i, out_g,
     )
     return Assignment(pool_index=out_i[:count], replica=out_g[:count])
 
@@ -219,6 +245,7 @@ def _two_stage_numpy(
     stage1: str = "fit",
     growth_steps: float = 0.0,
     ttft_slo_s: float | None = None,
+    fill_order: str = "level",
 ) -> Assignment:
     """:func:`two_stage_assign` in numpy, for installs without numba (same decisions up to
     floating-point summation order, which BLAS may choose differently)."""
@@ -286,11 +313,14 @@ def _two_stage_numpy(
         f1[~alive] = -np.inf
         place(int(np.argmax(f1)), g)
 
-    # (2') the fill: exact subset sums over the pool, replicas by margin (r_max = 0)
+    # (2') the fill: exact subset sums over the pool, replicas by fill level (r_max = 0)
     while r_max == 0 and len(out_i) < remaining:
         open_g = np.flatnonzero(free > 0)
-        m0 = loads.max(axis=0)[0] - loads[open_g, 0]
-        g = int(open_g[np.lexsort((-free[open_g], -m0))[0]])  # largest margin; ties: more free
+        if fill_order == "level" and loads.shape[1] > 1:
+            m0 = np.array([fill_level(replica_margins(int(r)), d, alpha, beta) for r in open_g])
+        else:  # (with H = 0 the fill level is m(0))
+            m0 = loads.max(axis=0)[0] - loads[open_g, 0]
+        g = int(open_g[np.lexsort((-free[open_g], -m0))[0]])  # largest; ties: more free slots
         m = replica_margins(g)
         f1 = scores(single_traj(), m) + bonus
         f1[~alive] = -np.inf

@@ -44,7 +44,11 @@ class BRHPolicy:
     ``predictor``: ``None`` forecasts nothing (everyone stays: pure growth lookahead).
     ``features``: maps request ids to features (:meth:`bind` sets it from a workload; ``None``
     passes only the prompt lengths the state carries). ``beta``: ``None`` means 2·G.
-    ``stage1``, ``growth_steps``, ``r_max`` (0: the fill tick), ``ttft_slo_s``, ``tick_fn``: as for BR-0. Defaults H = 80, γ = 0.86,
+    ``stage1``, ``growth_steps``, ``r_max`` (0: the fill tick), ``ttft_slo_s``, ``tick_fn``: as for BR-0.
+    ``fill_order``: the order in which the fill (``r_max = 0``) serves replicas — ``"level"``
+    (default): the largest *fill level*, the constant Δ that maximises the paper's score of its
+    margin profile m_g(h) (``papers/fill.md``); ``"margin"``: the largest current margin m_g(0).
+    Defaults H = 80, γ = 0.86,
     β = 2·G come from a training-only multi-workload sweep (README, "Defaults"); with
     ``horizon=0, alpha=1`` and BR-0's β (``beta_per_replica``·G) the decisions are exactly BR-0's.
     """
@@ -63,6 +67,7 @@ class BRHPolicy:
     stage1: str = "fit"
     growth_steps: float | None = None
     ttft_slo_s: float | None = 4.0
+    fill_order: str = "level"
     name: str = "brh"
     tick_fn: Callable[..., Assignment] = field(default=two_stage_assign, repr=False)
 
@@ -79,6 +84,8 @@ class BRHPolicy:
             raise ValueError(f"{self.score=} must be 'exact' or 'paper'")
         if not 0.0 <= self.gate <= 1.0:
             raise ValueError(f"{self.gate=} must be in [0, 1]")
+        if self.fill_order not in ("level", "margin"):
+            raise ValueError(f"{self.fill_order=} must be 'level' or 'margin'")
 
     def beta_for(self, num_replicas: int) -> float:
         """β for a cluster of G replicas: ``beta``, or ``DEFAULT_BETA_PER_REPLICA·G``."""
@@ -130,4 +137,5 @@ class BRHPolicy:
             growth_steps=stage1_growth_steps(
                 self.growth_steps, int((state.free_slots + state.num_active).max())),
             ttft_slo_s=self.ttft_slo_s,
+            fill_order=self.fill_order,
         )

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from balanceroute.core import fused, projection, simulator, two_stage
+from balanceroute.core._kernels import _fill_proposals
 from balanceroute.core.dynamics import StepModel
 from balanceroute.core.policies import get_policy
 from balanceroute.core.policies.br0 import BR0Policy
@@ -175,10 +176,12 @@ def test_tick_kernel_equals_numpy_path_and_reference(instance, data):
     dep = np.array(data.draw(st.lists(st.integers(1, width), min_size=len(pool), max_size=len(pool))),
                    dtype=np.int64)
     growth = projection.placement_growth(prompt, dep, horizon) if horizon else None
-    # every tick option: the score, Stage 1's rule and growth window, the urgency term
+    # every tick option: the score, Stage 1's rule and growth window, the urgency term, the
+    # fill's replica order
     options = data.draw(st.fixed_dictionaries({
         "score": st.sampled_from(["exact", "paper"]), "stage1": st.sampled_from(["fit", "paper"]),
         "growth_steps": st.sampled_from([0.0, 64.0]), "ttft_slo_s": st.sampled_from([None, 2.0]),
+        "fill_order": st.sampled_from(["level", "margin"]),
     }))
     kwargs = dict(d=0.5 ** np.arange(width), alpha=1.0, beta=float(2 * len(loads)),
                   s_greedy=s_greedy, r_max=r_max, deadline_s=30.0, **options)
@@ -207,6 +210,26 @@ def test_tick_kernel_handles_odd_arguments_like_the_numpy_path():
     assert len(empty) == 0
     with pytest.raises(ValueError, match="r_max"):
         two_stage.two_stage_assign(loads, free, prompt, wait, **{**kwargs, "r_max": -1})
+
+
+@needs_numba
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), n=st.integers(1, 40), cap=st.integers(1, 8), hi_q=st.integers(1, 4096))
+def test_fill_kernel_proposals_equal_the_python_programme(data, n, cap, hi_q):
+    # the kernel's subset-sum programme (bitset words + first-reached items) and the Python-int
+    # one rebuild the same sets, on sums spanning up to 65 words and on many equal sizes (ties)
+    qsize = data.draw(st.lists(st.integers(1, hi_q) | st.sampled_from([1, 63, 64, 65]),
+                               min_size=n, max_size=n))
+    qsize = [min(s, hi_q) for s in qsize]
+    cap = min(cap, n)
+    k_lo = data.draw(st.integers(1, cap))
+    safe_q = data.draw(st.integers(0, hi_q))
+    prop = np.empty((2 * cap, cap), dtype=np.int64)
+    prop_len = np.empty(2 * cap, dtype=np.int64)
+    count = _fill_proposals(np.arange(n, dtype=np.int64), np.array(qsize, dtype=np.int64), n,
+                            k_lo, cap, safe_q, hi_q, prop, prop_len)
+    got = [prop[p, : prop_len[p]].tolist() for p in range(count)]
+    assert got == two_stage.fill_proposals(qsize, k_lo, cap, safe_q, hi_q)
 
 
 # --- projection kernels == numpy expressions ------------------------------------------------

@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 
 from balanceroute.core.model import exact_horizon_score, f_score, horizon_f_score
 from balanceroute.core.projection import placement_growth
-from balanceroute.core.two_stage import best_subset, subset_masks, two_stage_assign
+from balanceroute.core.two_stage import (
+    FILL_LEVELS,
+    best_subset,
+    fill_level,
+    fill_proposals,
+    subset_masks,
+    two_stage_assign,
+)
 from benchmarks.reference import reference_tick
 
 
@@ -291,3 +298,100 @@ def test_fill_leaves_slack_slots_to_the_smallest_fit():
                            np.zeros(3), d=np.ones(1), alpha=1.0, beta=2.0, s_greedy=8,
                            r_max=0, deadline_s=30.0)
     assert list(zip(got.pool_index.tolist(), got.replica.tolist())) == [(1, 0), (2, 1), (0, 0)]
+
+
+# --- BR-H's fill: replicas by fill level -------------------------------------------------------
+
+
+@given(
+    margin=st.lists(st.integers(0, 5000), min_size=1, max_size=8),
+    gamma=st.sampled_from([1.0, 0.86, 0.5]),
+    beta=st.sampled_from([0.5, 1.0, 2.0, 16.0]),
+)
+def test_fill_level_is_the_best_constant_fill(margin, gamma, beta):
+    # the concave piecewise-linear α·Σd·Δ − β·Σ d_h (Δ − m_h)_+ peaks at a kink (a margin) or,
+    # when β·Σd ≤ α·Σd, keeps rising: the level must score at least every margin and every point
+    # of a grid over [0, 2·max m] (the fill never looks beyond 2⌊m⌋)
+    m = np.array(margin, dtype=float)
+    d = gamma ** np.arange(len(m))
+
+    def f(delta: float) -> float:
+        return float(horizon_f_score(delta, m, d, 1.0, beta))
+
+    level = fill_level(m, d, 1.0, beta)
+    assert level in set(m.tolist())
+    grid = np.linspace(0.0, 2 * m.max(), 101).tolist() + m.tolist()
+    if beta > 1.0:
+        assert all(f(level) >= f(x) - 1e-9 * (1 + abs(f(x))) for x in grid)
+    else:  # α ≥ β: every fill gains, the level is the largest margin
+        assert level == m.max()
+    if len(m) == 1:  # H = 0: the margin itself (BR-0's replica order)
+        assert level == m[0]
+
+
+def test_brh_fill_serves_the_replica_whose_margin_lasts():
+    # G = 3, H = 2, d = (1, ½, ¼), β = 4: replica 2 is the envelope and full; replica 0 has margin
+    # 1000 now but 0 at h = 1, 2 (its load rises to the envelope), replica 1 has 600 throughout.
+    # Fill levels: 0 and 600 (replica 0's margin-0 steps weigh ¾ ≥ α·Σd/β = 0.4375). One request
+    # of 600 that stays the window: by margin m(0) it goes to replica 0 (F = 1050 − 4·450 < 0, the
+    # starvation guard places it anyway); by fill level to replica 1 (F = 1050: it fits throughout).
+    proj = np.array([[0.0, 1000.0, 1000.0], [400.0, 400.0, 400.0], [1000.0, 1000.0, 1000.0]])
+    kw = dict(d=np.array([1.0, 0.5, 0.25]), alpha=1.0, beta=4.0, s_greedy=1 << 30, r_max=0,
+              deadline_s=30.0, growth=np.zeros((1, 3)))
+    args = (proj, np.array([2, 2, 0]), np.array([600]), np.zeros(1))
+    assert two_stage_assign(*args, fill_order="margin", **kw).replica.tolist() == [0]
+    assert two_stage_assign(*args, **kw).replica.tolist() == [1]
+    want = reference_tick(proj.tolist(), [2, 2, 0], [600], [0.0], **{**kw, "d": [1.0, 0.5, 0.25],
+                                                                   "growth": [[0.0] * 3]})
+    assert want == [(0, 1)]
+    with pytest.raises(ValueError, match="fill_order"):
+        two_stage_assign(*args, fill_order="free", **kw)
+
+
+@settings(max_examples=200, deadline=None)
+@given(horizon_states, st.integers(1, 3), st.data())
+def test_brh_fill_pick_beats_every_proposal_of_the_prompt_search(state, slots, data):
+    # Stage 2 only, one pop: the replica the fill serves (largest fill level) takes a set whose
+    # exact score is at least that of every proposal of the search over prompt sizes against
+    # ⌊min_h m(h)⌋ on that replica, and of the best single request when it may take one
+    g_count, horizon, proj, cands, _ = state
+    loads = np.array(proj, dtype=float)
+    free = np.array(data.draw(st.lists(st.integers(0, slots), min_size=g_count, max_size=g_count)))
+    if free.sum() == 0:
+        free[0] = 1
+    prompt = np.array([s for s, _ in cands], dtype=np.int64)
+    dep = np.array([dep for _, dep in cands], dtype=np.int64)
+    growth = placement_growth(prompt, dep, horizon)
+    d = 0.5 ** np.arange(horizon + 1)
+    beta = 2.0 * g_count
+    got = two_stage_assign(loads, free, prompt, np.zeros(len(cands)), d=d, alpha=1.0, beta=beta,
+                           s_greedy=1 << 30, r_max=0, deadline_s=30.0, growth=growth)
+    margins = loads.max(axis=0) - loads
+    levels = [fill_level(margins[r], d, 1.0, beta) if free[r] else -np.inf for r in range(g_count)]
+    g = max(range(g_count), key=lambda r: (levels[r], free[r], -r))
+    assert got.replica[0] == g
+    traj = prompt[:, None] + growth
+
+    def score(q) -> float:
+        return float(exact_horizon_score(traj[list(q)].sum(axis=0), margins[g], d, 1.0, beta))
+
+    remaining = min(int(free.sum()), len(cands))
+    cap = min(int(free[g]), remaining)
+    k_lo = max(1, int(free[g]) - (int(free.sum()) - remaining))
+    first = got.pool_index[: np.flatnonzero(np.append(got.replica, -1) != g)[0]].tolist()
+    picks = [first[:k] for k in range(1, len(first) + 1)]  # the pop's set is a prefix
+    safe = int(np.floor(margins[g].min()))
+    rivals = []
+    if safe > 0:  # the prompt search, quantised as the tick does it
+        quantum = 1 + 2 * safe // FILL_LEVELS
+        hi_q = 2 * safe // quantum
+        items = [i for i in range(len(cands)) if -(-int(prompt[i]) // quantum) <= hi_q]
+        if min(cap, len(items)) >= k_lo:
+            rivals = [[items[t] for t in q] for q in fill_proposals(
+                [-(-int(prompt[i]) // quantum) for i in items], k_lo, min(cap, len(items)),
+                safe // quantum, hi_q)]
+    if k_lo == 1 or not rivals:
+        rivals = rivals + [[i] for i in range(len(cands))]
+    best_rival = max(score(q) for q in rivals)
+    if best_rival > 0:  # (else the starvation guard decides)
+        assert max(score(q) for q in picks) >= best_rival
