@@ -334,14 +334,21 @@ def context_lines(rows: list[dict]) -> list[str]:
                    f"{KV_LEASE_S:g} s pool deadline): {len(lease_beaten)} of {n_lease} cells break it")
     out += seed_lines(cells)
     beaten = [key for key, _ in rule_violations(rows)["best_br<=bfio-h0"]]
-    missed = [float(cells[k]["bfio-h0"].get("kv_lease_missed") or "nan") for k in beaten]
-    known = [m for m in missed if not math.isnan(m)]
+
+    def missed(policy: str) -> list[float]:
+        values = [cells[k].get(policy, {}).get("kv_lease_missed") for k in beaten]
+        return [float(v) for v in values if v not in (None, "")]
+
+    known = missed("bfio-h0")
     if known:
         over = [m for m in known if m > 0]
+        mine = missed("br0")
         out.append(f"- Of the {len(beaten)} cells where bfio-h0 beats the best BR row, in "
                    f"{len(over)} it keeps requests waiting past the {KV_LEASE_S:g} s KV lease"
-                   + (f" ({_share(over)} of them)" if over else "") + "; br0 and brh-* place "
-                   "such requests first (their pool deadline)")
+                   + (f" ({_share(over)} of them" + (f"; br0 {_share(mine)} in the same cells"
+                                                      if mine else "") + ")" if over else "")
+                   + "; br0 and brh-* place such requests first when a slot is free (their pool "
+                   "deadline)")
     return out
 
 

@@ -47,6 +47,7 @@ def test_context_splits_the_throughput_rule_and_names_bfio_lease_misses():
     rows = (_rows(a, br0=50.0, **{"bfio-h0": 40.0, "bfio-h0-lease": 55.0})
             + _rows(b, br0=50.0, **{"bfio-h0": 60.0, "bfio-h0-lease": 45.0}))
     rows[1]["kv_lease_missed"] = 0.025  # bfio-h0 beats br0 in cell a with 2.5 % past the lease
+    rows[0]["kv_lease_missed"] = 0.0
     rows[4]["kv_lease_missed"] = 0.0
     rows[3]["throughput_loaded_tok_s"] = 1.0  # open loop: br0 ranked last by throughput
     lines = context_lines(rows)
@@ -55,7 +56,7 @@ def test_context_splits_the_throughput_rule_and_names_bfio_lease_misses():
     assert lines[1].startswith("- Throughput order, open loop cells: 1 of 1 break it; 66.7% of")
     assert lines[2].endswith("30 s pool deadline): 1 of 2 cells break it")  # cell b: 50 > 45
     assert "Of the 1 cells where bfio-h0 beats the best BR row, in 1 it keeps" in lines[3]
-    assert "(2.5 % of them)" in lines[3]
+    assert "(2.5 % of them; br0 0 % in the same cells)" in lines[3]
     assert "bfio-h0 past lease" in matrix_lines(rows)[0] and "2.5 %" in "".join(matrix_lines(rows))
 
 
