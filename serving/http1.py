@@ -1,11 +1,15 @@
-"""HTTP/1.1 response framing for the decode client (``upstream.py``): the status line and
-headers, and chunked transfer decoding (RFC 9112 §7.1) by byte scanning. No I/O here."""
+"""HTTP/1.1 framing (RFC 9112), no I/O: for the decode client (``upstream.py``) the status line
+and headers and chunked transfer decoding by byte scanning; for the native server
+(``http_server.py``) the response head and chunked encoding."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from http import HTTPStatus
 
-__all__ = ["MAX_LINE", "ChunkedDecoder", "UpstreamError", "parse_head"]
+__all__ = ["LAST_CHUNK", "MAX_LINE", "ChunkedDecoder", "UpstreamError", "encode_chunk", "parse_head",
+           "response_head"]
 
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 MAX_LINE = 8192  # a chunk-size or trailer line; the whole header block gets 8 × this
@@ -108,3 +112,27 @@ def parse_head(block: bytes) -> tuple[int, dict[str, str]]:
         name, value = name.lower(), value.strip()
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
     return int(code), headers
+
+
+LAST_CHUNK = b"0\r\n\r\n"
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+
+
+def encode_chunk(data: bytes) -> bytes:
+    """``data`` as one chunk of chunked transfer coding (``data`` must not be empty)."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def response_head(status: int, headers: Iterable[tuple[bytes, bytes]], *, chunked: bool,
+                  keep_alive: bool) -> bytes:
+    """A response's status line and header block: ``headers`` as given (lower-cased names),
+    plus ``transfer-encoding: chunked`` when ``chunked`` and ``connection: close`` unless
+    ``keep_alive``."""
+    lines = [b"HTTP/1.1 %d %b" % (status, _REASONS.get(status, b""))]
+    lines.extend(b"%b: %b" % (name, value) for name, value in headers)
+    if chunked:
+        lines.append(b"transfer-encoding: chunked")
+    if not keep_alive:
+        lines.append(b"connection: close")
+    lines.append(b"\r\n")
+    return b"\r\n".join(lines)

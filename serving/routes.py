@@ -25,7 +25,8 @@ from .config import ProxyConfig
 from .metrics import CONTENT_TYPE_LATEST
 from .protocol import ApiError, error_body, request_schema, upstream_headers
 from .proxy import Proxy, build_policy, error_response
-from .upstream import HttpxUpstream, UpstreamPool
+from .upstream import UpstreamPool
+from .upstream_httpx import HttpxUpstream
 
 __all__ = ["create_proxy_app", "router"]
 
