@@ -5,7 +5,7 @@ the package's FastAPI apps: lifespan, the request body in one message, streamed 
 
 Why: under a general ASGI server every relayed chunk wakes a chain of coroutines. Here a
 streamed completion can instead take the connection over once its head is sent (the
-``balanceroute.splice`` scope extension, :class:`Downstream`): the relay then writes each
+``balanceroute.splice`` scope extension, :class:`~.asgi.Downstream`): the relay then writes each
 decode chunk from the upstream connection's ``data_received`` straight into this transport,
 with flow control both ways and the client's disconnect as a callback — no coroutine per chunk.
 
@@ -20,156 +20,20 @@ import contextlib
 import json
 import logging
 from collections import deque
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import unquote
 
 import httptools
 
-from .asgi_lifespan import Lifespan
-from .http1 import LAST_CHUNK, encode_chunk, response_head
+from .asgi import Cycle, Lifespan
+from .http1 import response_head
 from .protocol import error_body
 
-__all__ = ["SPLICE", "Downstream", "NativeServer", "SpliceListener"]
+__all__ = ["NativeServer"]
 
 log = logging.getLogger("balanceroute.serving.http_server")
 
-SPLICE = "balanceroute.splice"  # scope["extensions"][SPLICE]["downstream"]: the Downstream
-_NO_BODY = frozenset((204, 304))
 _MAX_QUEUED = 8  # pipelined requests waiting behind the one being answered (reading pauses)
-
-
-class SpliceListener(Protocol):
-    """What a spliced relay hears from its client connection."""
-
-    def on_gone(self) -> None:
-        """The client connection is lost."""
-
-    def pause_writing(self) -> None:
-        """The client's write buffer is over its high-water mark."""
-
-    def resume_writing(self) -> None:
-        """The client's write buffer drained below its low-water mark."""
-
-
-class Downstream(Protocol):
-    """A response whose head has been sent, written to synchronously (``_Cycle`` implements it)."""
-
-    gone: bool
-
-    def write(self, data: bytes) -> None:
-        """Send body bytes (framed as one chunk when the response is chunked)."""
-
-    def end(self) -> None:
-        """End the body; the connection serves its next request."""
-
-    def listen(self, listener: SpliceListener | None) -> None:
-        """Route disconnect and flow-control events to ``listener`` (``None``: stop)."""
-
-
-class _Cycle:
-    """One request and its response on a connection; the ASGI ``receive``/``send`` pair."""
-
-    def __init__(self, conn: _HttpProtocol, scope: dict[str, Any], body: bytes, keep_alive: bool) -> None:
-        self.conn = conn
-        self.scope = scope
-        self.body: bytes | None = body
-        self.keep_alive = keep_alive
-        self.head_only = scope["method"] == "HEAD"
-        self.http10 = scope["http_version"] == "1.0"
-        self.started = self.complete = self.gone = False
-        self.chunked = False
-        self.head = b""
-        self.listener: SpliceListener | None = None
-        self._waiters: list[asyncio.Future[None]] = []
-        scope["extensions"] = {SPLICE: {"downstream": self}}
-
-    # ASGI
-    async def receive(self) -> dict[str, Any]:
-        if self.body is not None:
-            body, self.body = self.body, None
-            return {"type": "http.request", "body": body, "more_body": False}
-        if not (self.gone or self.complete):
-            waiter = self.conn.loop.create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            finally:
-                self._waiters.remove(waiter)
-        return {"type": "http.disconnect"}
-
-    async def send(self, message: dict[str, Any]) -> None:
-        kind = message["type"]
-        if kind == "http.response.start":
-            if self.started:
-                raise RuntimeError("http.response.start sent twice")
-            self.started = True
-            status = int(message["status"])
-            headers = [(bytes(k).lower(), bytes(v)) for k, v in message.get("headers", ())]
-            names = {k for k, _ in headers}
-            if b"connection" in names and any(k == b"connection" and v.lower() == b"close" for k, v in headers):
-                self.keep_alive = False
-                headers = [(k, v) for k, v in headers if k != b"connection"]
-            no_body = status in _NO_BODY or self.head_only
-            framed = b"content-length" in names or b"transfer-encoding" in names or no_body
-            if not framed and self.http10:
-                self.keep_alive = False  # body delimited by close
-            self.chunked = not framed and not self.http10
-            self.head = response_head(status, headers, chunked=self.chunked, keep_alive=self.keep_alive)
-            if no_body:
-                self.head_only = True
-        elif kind == "http.response.body":
-            if not self.started:
-                raise RuntimeError("http.response.body before http.response.start")
-            if self.complete or self.gone:
-                return
-            body, more = message.get("body", b""), message.get("more_body", False)
-            if body and not self.head_only:
-                self.write(body)
-            if not more:
-                self.end()
-            elif self.conn.write_paused:
-                await self.conn.drained()
-
-    # Downstream (the splice)
-    def write(self, data: bytes) -> None:
-        if self.gone or self.complete:
-            return
-        if self.chunked and not self.head:  # the relay's path: one chunk per write
-            self.conn.transport.write(b"%x\r\n%b\r\n" % (len(data), data))  # type: ignore[union-attr]
-            return
-        out = encode_chunk(data) if self.chunked else data
-        if self.head:
-            out, self.head = self.head + out, b""
-        self.conn.transport.write(out)  # type: ignore[union-attr]
-
-    def end(self) -> None:
-        if self.complete:
-            return
-        self.complete = True
-        self.listener = None
-        if not self.gone:
-            tail = LAST_CHUNK if self.chunked else b""
-            if self.head or tail:
-                self.conn.transport.write(self.head + tail)  # type: ignore[union-attr]
-            self.head = b""
-        self._wake()
-        self.conn.response_done(self)
-
-    def listen(self, listener: SpliceListener | None) -> None:
-        self.listener = listener
-
-    # connection events
-    def lost(self) -> None:
-        self.gone = True
-        self._wake()
-        listener, self.listener = self.listener, None
-        if listener is not None:
-            listener.on_gone()
-
-    def _wake(self) -> None:
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.set_result(None)
 
 
 class _HttpProtocol(asyncio.Protocol):
@@ -180,7 +44,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.loop = server.loop
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
-        self.cycle: _Cycle | None = None
+        self.cycle: Cycle | None = None
         self.queue: deque[tuple[Any, ...]] = deque()
         self.write_paused = False
         self.read_paused = False
@@ -334,12 +198,12 @@ class _HttpProtocol(asyncio.Protocol):
             "root_path": "", "path": unquote(path) if "%" in path else path, "raw_path": raw_path,
             "query_string": parsed.query or b"", "headers": headers, "state": self.server.lifespan.state.copy(),
         }
-        self.cycle = cycle = _Cycle(self, scope, body, keep_alive and not self.server.exiting)
+        self.cycle = cycle = Cycle(self, scope, body, keep_alive and not self.server.exiting)
         task = self.loop.create_task(self._run(cycle))
         self.server.tasks.add(task)
         task.add_done_callback(self.server.tasks.discard)
 
-    async def _run(self, cycle: _Cycle) -> None:
+    async def _run(self, cycle: Cycle) -> None:
         try:
             await self.server.app(cycle.scope, cycle.receive, cycle.send)
         except BaseException as exc:
@@ -357,7 +221,7 @@ class _HttpProtocol(asyncio.Protocol):
         elif not cycle.complete:
             self.transport.close()  # type: ignore[union-attr]
 
-    def response_done(self, cycle: _Cycle) -> None:
+    def response_done(self, cycle: Cycle) -> None:
         """``cycle``'s response was sent in full: serve the next request, idle, or close."""
         if cycle is not self.cycle:
             return

@@ -28,7 +28,7 @@ from typing import Any
 import anyio
 from fastapi.responses import Response
 
-from .http_server import SPLICE, Downstream
+from .asgi import SPLICE, Downstream
 
 __all__ = ["DecodeStream", "Event", "RelayResponse", "StreamBroken", "Write", "event_error", "has_token"]
 

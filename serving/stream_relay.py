@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from .http_server import Downstream
+from .asgi import Downstream
 from .ledger import Ticket
 from .protocol import SSE_DONE, ClientRequest, error_body, sse
 from .relay import DecodeStream, Event, StreamBroken, Write

@@ -42,7 +42,7 @@ def frame(data: bytes) -> bytes:
 
 def tokens(n: int, *, start: int = 0, pad: int = 0) -> list[bytes]:
     """Events of tokens ``start+1 .. start+n`` (the last of ``n`` total finishes)."""
-    return [compact(chunk(" t%d" % k + "x" * pad, k + 1, finish="length" if k == start + n - 1 else None))
+    return [compact(chunk(f" t{k}" + "x" * pad, k + 1, finish="length" if k == start + n - 1 else None))
             for k in range(start, start + n)]
 
 
