@@ -199,13 +199,14 @@ class _HttpProtocol(asyncio.Protocol):
             "query_string": parsed.query or b"", "headers": headers, "state": self.server.lifespan.state.copy(),
         }
         self.cycle = cycle = Cycle(self, scope, body, keep_alive and not self.server.exiting)
-        task = self.loop.create_task(self._run(cycle))
+        app = self.server.routes.get((method, scope["path"]), self.server.app)
+        task = self.loop.create_task(self._run(cycle, app))
         self.server.tasks.add(task)
         task.add_done_callback(self.server.tasks.discard)
 
-    async def _run(self, cycle: Cycle) -> None:
+    async def _run(self, cycle: Cycle, app: Any) -> None:
         try:
-            await self.server.app(cycle.scope, cycle.receive, cycle.send)
+            await app(cycle.scope, cycle.receive, cycle.send)
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
                 log.exception("unhandled error serving %s %s", cycle.scope["method"], cycle.scope["path"])
@@ -275,11 +276,14 @@ class _HttpProtocol(asyncio.Protocol):
 
 class NativeServer:
     """Serves one ASGI app on given sockets (the interface ``runner.serve_apps`` uses:
-    ``await serve(sockets=[...])``, ``started``, ``should_exit``)."""
+    ``await serve(sockets=[...])``, ``started``, ``should_exit``). Requests whose (method, path)
+    is in the app's ``state.native_routes`` go to that ASGI callable instead of the app."""
 
     def __init__(self, app: Any, *, keep_alive_s: float = 30.0, graceful_s: float = 2.0,
                  max_body_bytes: int = 16 * 1024 * 1024, max_head_bytes: int = 64 * 1024) -> None:
         self.app = app
+        # (method, path) → an ASGI callable served directly (the app's ``state.native_routes``)
+        self.routes: dict[tuple[str, str], Any] = dict(getattr(getattr(app, "state", None), "native_routes", {}))
         self.keep_alive_s = keep_alive_s
         self.graceful_s = graceful_s
         self.max_body_bytes = max_body_bytes
