@@ -45,7 +45,8 @@ class Downstream(Protocol):
         """End the body; the connection serves its next request."""
 
     def listen(self, listener: SpliceListener | None) -> None:
-        """Route disconnect and flow-control events to ``listener`` (``None``: stop)."""
+        """Route disconnect and flow-control events to ``listener`` (``None``: stop); a client
+        already over its high-water mark pauses it at once."""
 
 
 class Cycle:
@@ -140,6 +141,8 @@ class Cycle:
 
     def listen(self, listener: SpliceListener | None) -> None:
         self.listener = listener
+        if listener is not None and self.conn.write_paused:
+            listener.pause_writing()  # already over the high-water mark
 
     # connection events
     def lost(self) -> None:

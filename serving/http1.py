@@ -57,6 +57,17 @@ class ChunkedDecoder:
         buf = self._buf + data if self._buf else data
         out: list[bytes] = []
         pos, end, state = 0, len(buf), self._state
+        while state == _SIZE:  # whole chunks back to back (a reader that fell behind)
+            eol = buf.find(b"\r\n", pos, pos + 18)
+            if eol <= pos or _HEX.fullmatch(buf, pos, eol) is None:
+                break
+            stop = eol + 2 + int(buf[pos:eol], 16)
+            if stop == eol + 2 or stop + 2 > end:
+                break  # the last chunk, or one not complete yet: the general loop below
+            if buf[stop:stop + 2] != b"\r\n":
+                raise ValueError("chunk data not followed by CRLF")
+            out.append(buf[eol + 2:stop])
+            pos = stop + 2
         while pos < end:
             if state == _DATA:
                 take = min(self._left, end - pos)

@@ -140,13 +140,32 @@ class StreamRelay:
             self._finish("ok")
 
     def on_body(self, data: bytes) -> None:
-        """Upstream body bytes (:class:`~.upstream.BodySink`)."""
-        if not self.stream._buf and self.ticket.prompt_checked and self._one_event(data):
-            return
+        """Upstream body bytes (:class:`~.upstream.BodySink`): whole events (the usual read)
+        event by event, each by :meth:`_fast_event` where it applies, else by :meth:`convert`;
+        anything else (an event split across reads, CRLF line ends) through the stream's
+        general framing."""
+        stream = self.stream
         try:
-            batch = self.stream.feed(data)
-            if batch:
-                self._relay(batch)
+            if stream._buf or not data.endswith(b"\n\n") or b"\r" in data or not self.ticket.prompt_checked:
+                batch = stream.feed(data)
+                if batch:
+                    self._relay(batch)
+                return
+            out = []
+            for block in data.split(b"\n\n"):
+                if not block:
+                    continue
+                piece = self._fast_event(block)
+                if piece is None:
+                    piece, done = self.convert(stream._frame([block], False))
+                    if done:
+                        out.append(piece)
+                        self._down.write(b"".join(out))  # type: ignore[union-attr]
+                        self._finish("ok")
+                        return
+                out.append(piece)
+            if out:
+                self._down.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[union-attr]
         except StreamBroken as exc:
             self._fail(exc)
         except Exception:  # a bug: the client gets an error event, the accounting stays right
@@ -155,39 +174,36 @@ class StreamRelay:
             self._down.write(sse(error_body("internal proxy error in the relay", status=500)))  # type: ignore[union-attr]
             self._finish("internal")
 
-    def _one_event(self, data: bytes) -> bool:
-        """The fast path for the common read: exactly one data-only event in vLLM's compact form
-        with its flat usage object last (``...,"usage":{...}}``), no ``[]`` (a usage-only
-        chunk), nothing suspect. Relays it (what :meth:`convert` would) and returns ``True``;
-        anything else returns ``False`` untouched, for the general path. (No line break before
-        the final one, so no CRLF to normalise.)"""
-        end = len(data) - 4  # the usage object's closing brace
-        at = data.rfind(b',"usage":{', 0, end)
-        if (at < 0 or data[:7] != b"data: {" or data[end:] != b"}}\n\n" or data.find(b"\n", 7) != end + 2
-                or data.find(b"{", at + 10, end) >= 0 or data.find(b"}", at + 10, end) >= 0
-                or b"[]" in data or b'"error"' in data or b"recomputed" in data):
-            return False
-        c = data.find(b'"completion_tokens":', at, end)
-        f = data.find(b'"finish_reason":', 0, at)
-        if c < 0 or (f >= 0 and (data[f - 1] not in b",{" or data[f + 16] not in b'n"')):
-            return False
-        stop = data.find(b",", c + 20, end)
+    def _fast_event(self, block: bytes) -> bytes | None:
+        """The fast path for one event ``block`` (no trailing blank line) in vLLM's compact form
+        — a single ``data:`` line with its flat usage object last (``...,"usage":{...}}``), no
+        ``[]`` (a usage-only chunk), nothing suspect: records its progress and returns the
+        client's bytes (what :meth:`convert` would); ``None``, untouched, for anything else."""
+        end = len(block) - 2  # the usage object's closing brace
+        at = block.rfind(b',"usage":{', 0, end)
+        if (at < 0 or block[:7] != b"data: {" or block[end:] != b"}}" or block.find(b"\n") >= 0
+                or block.find(b"{", at + 10, end) >= 0 or block.find(b"}", at + 10, end) >= 0
+                or b"[]" in block or b'"error"' in block or b"recomputed" in block):
+            return None
+        c = block.find(b'"completion_tokens":', at, end)
+        f = block.find(b'"finish_reason":', 0, at)
+        if c < 0 or (f >= 0 and (block[f - 1] not in b",{" or block[f + 16] not in b'n"')):
+            return None
+        stop = block.find(b",", c + 20, end)
         try:
-            done = int(data[c + 20:stop if stop >= 0 else end])
+            done = int(block[c + 20:stop if stop >= 0 else end])
         except ValueError:
-            return False
+            return None
         ticket = self.ticket
         if done > ticket.age:
             self._progress(ticket, done)
-        if f >= 0 and data[f + 16] == 34:  # '"': a finish reason
+        if f >= 0 and block[f + 16] == 34:  # '"': a finish reason
             self.stream.finished = True
         if self.continuous:
-            self._down.write(data)  # type: ignore[union-attr]
-        elif self.include_usage:
-            self._down.write(data[:at + 9] + b"null}\n\n")  # type: ignore[union-attr]
-        else:
-            self._down.write(data[:at] + b"}\n\n")  # type: ignore[union-attr]
-        return True
+            return block + b"\n\n"
+        if self.include_usage:
+            return block[:at + 9] + b"null}\n\n"
+        return block[:at] + b"}\n\n"
 
     def on_end(self) -> None:
         """The upstream body ended."""

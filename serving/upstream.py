@@ -340,6 +340,9 @@ class UpstreamPool:
         if conn._timer is not None:
             conn._timer.cancel()
             conn._timer = None
+        if conn.paused and conn.transport is not None and not conn.transport.is_closing():
+            conn.paused = False  # a relay may have paused it as its last bytes came in
+            conn.transport.resume_reading()
         idle = self._idle.setdefault(key, [])
         if conn.reusable and len(idle) < self.max_idle_per_host:
             idle.append(conn)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from balanceroute.serving.config import ProxyConfig
 from balanceroute.serving.proxy import Proxy
-from balanceroute.serving.relay import DecodeStream
+from balanceroute.serving.relay import DecodeStream, StreamBroken
 from balanceroute.serving.routes import create_proxy_app
 from balanceroute.serving.stream_relay import StreamRelay
 from balanceroute.serving.upstream import UpstreamResponse
@@ -173,6 +173,7 @@ async def test_a_slow_reader_pauses_upstream_and_gets_every_byte(monkeypatch: py
             await writer.drain()
         writer.write(b"0\r\n\r\n")
         await writer.drain()
+        await reader.read()  # keep the connection open (pooled) until the proxy closes it
 
     async with relay_proxy(handler) as (port, proxy, _):
         reader, writer = await open_stream(port, n, rcvbuf=4096)
@@ -191,6 +192,8 @@ async def test_a_slow_reader_pauses_upstream_and_gets_every_byte(monkeypatch: py
         await eventually(lambda: proxy.ledger.in_flight == 0, "the ledger to drain")
         assert_drained(proxy)
         assert proxy.ledger.finished == {"ok": 1} and proxy.metrics.relayed_tokens == n
+        await eventually(lambda: sum(map(len, proxy.upstream._idle.values())) == 1, "the connection pooled")
+        assert not any(conn.paused for idle in proxy.upstream._idle.values() for conn in idle)
 
 
 @pytest.mark.parametrize("fault", ["cut", "stall", "bad_framing"])
@@ -266,51 +269,66 @@ def vllm_events(draw: Any) -> dict[str, Any]:
     return obj
 
 
-@settings(max_examples=400, deadline=None)
-@given(vllm_events(), st.booleans(), st.booleans(), st.booleans(), st.booleans())
-def test_the_fast_path_relays_exactly_what_the_general_path_does(obj: dict[str, Any], spaced: bool, ascii: bool,
-                                                                 include_usage: bool, continuous: bool) -> None:
-    seps = (", ", ": ") if spaced else (",", ":")
-    data = b"data: " + json.dumps(obj, separators=seps, ensure_ascii=ascii).encode() + b"\n\n"
+class _Response:
+    closed = False
 
-    class Creq:
-        pass
+    def close(self, *, drain: bool = False) -> None:
+        self.closed = True
 
-    Creq.include_usage, Creq.continuous_usage = include_usage, continuous
+
+def _relay_for(include_usage: bool, continuous: bool) -> tuple[StreamRelay, _Sink, asyncio.AbstractEventLoop]:
+    creq = type("C", (), {"include_usage": include_usage, "continuous_usage": continuous})
+    relay = StreamRelay(_Ticket(), DecodeStream(_Response()), creq,
+                        observe=lambda t, e: e.completion_tokens is not None and setattr(
+                            t, "age", max(t.age, e.completion_tokens)),
+                        progress=lambda t, d: setattr(t, "age", d), end=lambda t, o: None, broken=lambda t, e: None)
+    loop = asyncio.new_event_loop()
+    relay._down, relay._done = sink, _ = _Sink(), loop.create_future()
+    return relay, sink, loop
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(vllm_events(), st.booleans(), st.booleans()), min_size=1, max_size=3), st.booleans(),
+       st.booleans(), st.booleans())
+def test_the_fast_path_relays_exactly_what_the_general_path_does(events: list[tuple[dict[str, Any], bool, bool]],
+                                                                 done: bool, include_usage: bool,
+                                                                 continuous: bool) -> None:
+    """One upstream read of 1–3 events (compact or spaced, ASCII or not, then maybe ``[DONE]``)
+    through ``on_body`` (the fast path where it applies) and through the general framing and
+    :meth:`convert` alone: the same bytes, the same progress, the same finish and outcome."""
+    data = b"".join(b"data: " + json.dumps(obj, separators=(", ", ": ") if spaced else (",", ":"),
+                                           ensure_ascii=ascii).encode() + b"\n\n"
+                    for obj, spaced, ascii in events) + (b"data: [DONE]\n\n" if done else b"")
     results = []
     for fast in (True, False):
-        ticket, sink = _Ticket(), _Sink()
-        stream = DecodeStream(None)
-        relay = StreamRelay(ticket, stream, Creq, observe=lambda t, e: e.completion_tokens is not None and setattr(
-            t, "age", max(t.age, e.completion_tokens)), progress=lambda t, d: setattr(t, "age", d),
-            end=lambda t, o: None, broken=lambda t, e: None)
-        relay._down, relay._done = sink, asyncio.Future(loop=asyncio.new_event_loop())
-        if fast:
-            took = relay._one_event(data)
-            if not took:
-                return  # not the fast path's case: nothing to compare
-        else:
-            try:
-                batch = stream.feed(data)
-                out, _ = relay.convert(batch)
-            except Exception as exc:  # the general path refuses it: the fast path must not take it
-                pytest.fail(f"fast path took an event the general path rejects: {exc!r}")
-            if out:
-                sink.write(out)
-        results.append((b"".join(sink.out), ticket.age, stream.finished))
-        relay._done.get_loop().close()
+        relay, sink, loop = _relay_for(include_usage, continuous)
+        try:
+            if fast:
+                relay.on_body(data)
+            else:
+                try:
+                    out, over = relay.convert(relay.stream.feed(data))
+                    sink.write(out)
+                    if over:
+                        relay._finish("ok")
+                except StreamBroken as exc:
+                    sink.write(relay._error_event(exc))
+                    relay._finish(exc.kind)
+            out = b"".join(sink.out)
+            broke = b"upstream decode failed mid-stream" in out  # then whether it finished is moot
+            results.append((out, relay.ticket.age, broke or relay.stream.finished, relay._done.done()))
+        finally:
+            loop.close()
     assert results[0] == results[1]
 
 
 def test_the_fast_path_takes_vllms_compact_token_events_only() -> None:
-    relay = StreamRelay(_Ticket(), DecodeStream(None), type("C", (), {"include_usage": True, "continuous_usage": False}),
-                        observe=lambda t, e: None, progress=lambda t, d: setattr(t, "age", d),
-                        end=lambda t, o: None, broken=lambda t, e: None)
-    relay._down = sink = _Sink()
+    relay, _, loop = _relay_for(include_usage=True, continuous=False)
+    loop.close()
     event = tokens(3)[2]
-    assert relay._one_event(event) and relay.ticket.age == 3 and relay.stream.finished
-    assert sink.out == [event.replace(b'"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}',
-                                      b'"usage":null')]
-    usage_only = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}\n\n'
-    for other in (usage_only, chunk(" a", 1), b"data: [DONE]\n\n", event + event):
-        assert not relay._one_event(other)
+    assert relay._fast_event(event[:-2]) == event.replace(
+        b'"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}', b'"usage":null')
+    assert relay.ticket.age == 3 and relay.stream.finished
+    usage_only = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}'
+    for other in (usage_only, chunk(" a", 1)[:-2], b"data: [DONE]", event[:-2] + b"\n" + event[:-2]):
+        assert relay._fast_event(other) is None
