@@ -116,7 +116,7 @@ class Cycle:
 
     # Downstream (the splice)
     def write(self, data: bytes) -> None:
-        if self.gone or self.complete:
+        if self.gone or self.complete or not data:  # an empty chunk would end the body
             return
         if self.chunked and not self.head:  # the relay's path: one chunk per write
             self.conn.transport.write(b"%x\r\n%b\r\n" % (len(data), data))  # type: ignore[union-attr]

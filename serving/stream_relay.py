@@ -163,7 +163,8 @@ class StreamRelay:
                         self._down.write(b"".join(out))  # type: ignore[union-attr]
                         self._finish("ok")
                         return
-                out.append(piece)
+                if piece:  # b"": a usage-only event the client did not ask for
+                    out.append(piece)
             if out:
                 self._down.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[union-attr]
         except StreamBroken as exc:

@@ -24,7 +24,7 @@ from balanceroute.serving.routes import create_proxy_app
 from balanceroute.serving.stream_relay import StreamRelay
 from balanceroute.serving.upstream import UpstreamResponse
 
-from .conftest import assert_drained, chunk
+from .conftest import assert_drained, chunk, usage_chunk
 from .test_http_server import native
 from .test_upstream import Handler, chunked_head, read_request, scripted_server
 
@@ -112,7 +112,7 @@ async def test_streams_are_spliced_and_the_connection_is_pooled_after_done(monke
         for _ in range(2):  # two requests on one kept-alive connection
             await read_request(reader)
             writer.write(chunked_head())
-            for event in [*tokens(5), b"data: [DONE]\n\n"]:
+            for event in [*tokens(5), compact(usage_chunk(5)), b"data: [DONE]\n\n"]:  # a read each
                 writer.write(frame(event))
                 await writer.drain()
                 await asyncio.sleep(0.002)
