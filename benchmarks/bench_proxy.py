@@ -13,13 +13,14 @@ measure, not a dependency), one router at a time, side by side:
  * chunks/s ceiling on one core: the router pinned to one CPU (every thread), relayed SSE chunks
    per CPU-second of the router — the rate one fully busy core sustains at that per-chunk cost
    (the measured rate and the router's share of its core are printed next to it);
- * added per-token latency P50/P99 at 16 streams, as in ``overhead`` (minus direct).
+ * added per-token latency P50/P99 at 16 streams, as in ``overhead`` (minus direct);
+ the 1-minute load average seen during the run is printed, with a warning above 2.
 ``policies``: br0 and round_robin through the same proxy on an emulated G = 8 cluster under a
 saturated closed loop, a decode-heavy workload (ServeGen DeepSeek-R1, outputs scaled down);
 the emulator's measured mean imbalance and token throughput (emulated time).
 
     python benchmarks/bench_proxy.py [--section overhead|peer|policies|all] [--quick] [--json]
-                                     [--vllm-router PATH] [--floor]
+                                     [--vllm-router PATH] [--floor] [--uvicorn]
 """
 
 from __future__ import annotations
@@ -268,9 +269,10 @@ def relay_floor(worker_urls: list[str]) -> Iterator[tuple[str, subprocess.Popen]
         yield url, proc
 
 
-def _routers(mapping: dict[str, Any], exe: str | None, floor: bool = False) -> list[tuple[str, Any]]:
+def _routers(mapping: dict[str, Any], exe: str | None, floor: bool = False,
+             uvicorn: bool = False) -> list[tuple[str, Any]]:
     """(name, context manager yielding (url, process)) of ours, the peer when installed, and
-    the floor when asked. Ours without health probes: on a saturated machine one late probe
+    the floor and ours under uvicorn (``--http-server uvicorn``) when asked. Ours without health probes: on a saturated machine one late probe
     ejects a replica (issue 12), and vllm-router probes once a minute; the relay is what is
     measured."""
     ours = {**mapping, "slots": 64, "policy": "br0", "health_interval_s": 0}
@@ -280,10 +282,12 @@ def _routers(mapping: dict[str, Any], exe: str | None, floor: bool = False) -> l
         out.append(("vllm-router", lambda: vllm_router(exe, workers)))
     if floor:
         out.append(("floor", lambda: relay_floor(workers)))
+    if uvicorn:
+        out.append(("ours on uvicorn", lambda: proxy_process(ours, ["--http-server", "uvicorn"])))
     return out
 
 
-def bench_peer(quick: bool, exe: str | None, floor: bool = False) -> dict[str, Any]:
+def bench_peer(quick: bool, exe: str | None, floor: bool = False, uvicorn: bool = False) -> dict[str, Any]:
     """balanceroute serve and vllm-router, one after the other, in front of the same emulated
     decode cluster (G = 4, 20 ms steps), in rounds (direct, ours, peer; 3 rounds, 1 with
     ``quick``): added latency at 16 streams against the same round's direct read (chunks
@@ -299,12 +303,14 @@ def bench_peer(quick: bool, exe: str | None, floor: bool = False) -> dict[str, A
     direct_runs: list[dict[str, float]] = []
     base = ["--replicas", "4", "--slots", "64", "--prefill", "0", "--kv-dialect", "none",
             "--step-model", "b=0.02,a=0"]
+    loads: list[float] = [os.getloadavg()[0]]  # 1-minute load average, before each measurement
     with emulator([*base, "--stamp-chunks"]) as mapping:
         for _ in range(rounds):
             direct, _ = asyncio.run(_measure([d["url"] for d in mapping["decode"]], 16, 200, seconds))
             d50, d99 = (float(x) for x in np.percentile(direct, [50, 99]) * 1e3)
             direct_runs.append({"p50_ms": d50, "p99_ms": d99, "tokens": int(direct.size)})
-            for name, start in _routers(mapping, exe, floor):
+            for name, start in _routers(mapping, exe, floor, uvicorn):
+                loads.append(os.getloadavg()[0])
                 with start() as (url, _):
                     lat, _ = asyncio.run(_measure([url], 16, 200, seconds))
                 p50, p99 = (float(x) for x in np.percentile(lat, [50, 99]) * 1e3)
@@ -312,7 +318,8 @@ def bench_peer(quick: bool, exe: str | None, floor: bool = False) -> dict[str, A
                                                   "added_p99_ms": p99 - d99})
     with emulator(base) as mapping:  # vLLM-shaped chunks (no stamp) for the CPU rows
         for k in range(rounds):
-            for name, start in _routers(mapping, exe, floor):
+            for name, start in _routers(mapping, exe, floor, uvicorn):
+                loads.append(os.getloadavg()[0])
                 with start() as (url, proc):
                     pin(proc.pid, cpu)
                     before = cpu_seconds(proc.pid)
@@ -322,7 +329,8 @@ def bench_peer(quick: bool, exe: str | None, floor: bool = False) -> dict[str, A
     out: dict[str, Any] = {"pinned_cpu": cpu, "seconds": seconds, "rounds": rounds, "latency_streams": 16,
                            "cpu_streams": 64, "runs": runs, "direct_runs": direct_runs,
                            "direct": {k: float(np.median([r[k] for r in direct_runs])) for k in ("p50_ms", "p99_ms")},
-                           "routers": {}}
+                           "routers": {}, "load_average": {"min": min(loads), "max": max(loads),
+                                                            "end": os.getloadavg()[0]}}
     for name, rs in runs.items():
         used, tokens, chunks, elapsed = (sum(r[k] for r in rs) for k in ("cpu_s", "tokens", "chunks", "elapsed_s"))
         out["routers"][name] = {
@@ -341,8 +349,9 @@ def bench_peer(quick: bool, exe: str | None, floor: bool = False) -> dict[str, A
 
 def print_peer(result: dict[str, Any], exe: str | None) -> None:
     """The side-by-side table."""
-    ours, peer = result["routers"]["balanceroute"], result["routers"].get("vllm-router")
-    columns = [ours, peer, *([result["routers"]["floor"]] if "floor" in result["routers"] else [])]
+    peer = result["routers"].get("vllm-router")
+    names = ["balanceroute", "vllm-router", *(k for k in result["routers"] if k not in ("balanceroute", "vllm-router"))]
+    columns = [result["routers"].get(n) for n in names]
     rows = [
         ("proxy CPU per relayed token (µs)", "cpu_us_per_token", "{:.1f}"),
         ("chunks/s ceiling, one core", "chunks_per_cpu_s", "{:,.0f}"),
@@ -350,7 +359,6 @@ def print_peer(result: dict[str, Any], exe: str | None) -> None:
         ("added per-token latency P50, 16 streams (ms)", "added_p50_ms", "{:+.2f}"),
         ("added per-token latency P99, 16 streams (ms)", "added_p99_ms", "{:+.2f}"),
     ]
-    names = ["balanceroute", "vllm-router", "floor"][:len(columns)]
     print(f"{'':<46} " + " ".join(f"{n:>16}" for n in names))
     for label, key, fmt in rows:
         if key is None:
@@ -368,6 +376,11 @@ def print_peer(result: dict[str, Any], exe: str | None) -> None:
         print(f"CPU per token: balanceroute / vllm-router = {result['cpu_per_token_ratio']:.2f}x")
     for target, met in result["targets"].items():
         print(f"target {target}: {'met' if met else 'NOT met'}")
+    load = result["load_average"]
+    print(f"load average (1 min) during the run: {load['min']:.2f}–{max(load['max'], load['end']):.2f}")
+    if max(load["max"], load["end"]) > 2.0:
+        print("WARNING: load average above 2 on this machine during the run: the latency rows "
+              "(and to a lesser degree the CPU rows) are noise; rerun on a quieter machine")
 
 
 # ---------------------------------------------------------------------------- policies
@@ -412,6 +425,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--floor", action="store_true",
                         help="peer section: also measure benchmarks/relay_floor.py (the HTTP stack alone)")
+    parser.add_argument("--uvicorn", action="store_true",
+                        help="peer section: also measure our proxy under uvicorn (--http-server uvicorn)")
     parser.add_argument("--vllm-router", metavar="PATH", default=default_vllm_router(),
                         help="vllm-router executable for the peer section (default: where "
                              "`make bench-venv` installs it); the section runs without it")
@@ -421,7 +436,7 @@ def main() -> int:
     if args.section in ("overhead", "all"):
         result["overhead"] = bench_overhead(args.quick)
     if args.section in ("peer", "all"):
-        result["peer"] = bench_peer(args.quick, exe, args.floor)
+        result["peer"] = bench_peer(args.quick, exe, args.floor, args.uvicorn)
     if args.section in ("policies", "all"):
         result["policies"] = bench_policies(args.quick, args.repeats)
     if args.json:

@@ -84,6 +84,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="label /metrics replicas with their URLs (index only by default)")
     p.add_argument("--served-model", action="append", dest="served_models", metavar="NAME",
                    help="model names for /v1/models when no decode server answers")
+    p.add_argument("--http-server", choices=("native", "uvicorn"),
+                   help="native (default): the package's HTTP/1.1 server, streams relayed chunk by "
+                        "chunk from the upstream socket to the client's without a coroutine per "
+                        "chunk; uvicorn: uvicorn (uvloop + httptools), a coroutine per stream")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     p.set_defaults(handler=_serve)
 
@@ -158,7 +162,7 @@ def serve_config(args: argparse.Namespace):
     for key in ("host", "port", "kv_dialect", "slots", "policy", "prefill_balance", "bootstrap_port",
                 "pool_capacity", "kv_lease_s", "tick_interval_s", "max_attempts", "health_interval_s",
                 "admin_token_env", "client_api_key", "client_api_key_env", "upstream_api_key_env",
-                "ttft_slo_s", "max_model_len", "metrics_urls", "log_level"):
+                "ttft_slo_s", "max_model_len", "metrics_urls", "log_level", "http_server"):
         value = getattr(args, key)
         if value is not None:
             mapping[key] = value
@@ -196,7 +200,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"balanceroute serve: {url_of(sock)}  policy={config.policy}  G={config.num_replicas}  "
               f"dialect={config.kv_dialect}  prefill={len(config.prefill)}", file=sys.stderr, flush=True)
 
-    run_foreground([(app, sock)], started=started, log_level=config.log_level)
+    run_foreground([(app, sock)], started=started, log_level=config.log_level, http_server=config.http_server,
+                   max_body_bytes=config.max_body_bytes)
     return 0
 
 

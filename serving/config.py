@@ -26,6 +26,7 @@ __all__ = [
 
 KvDialect = Literal["nixl", "mooncake", "none"]
 PrefillBalance = Literal["round_robin", "least_loaded"]
+HttpServer = Literal["native", "uvicorn"]
 
 
 def _env_secret(name: str | None) -> str | None:
@@ -175,6 +176,10 @@ class ProxyConfig:
     set (``client_api_key``, or the variable ``client_api_key_env``); ``/metrics`` labels
     replicas by index, with URLs only when ``metrics_urls`` is set.
 
+    ``http_server``: ``"native"`` (the package's own HTTP/1.1 server, whose streamed
+    completions relay each decode chunk straight from the upstream connection to the client's,
+    no coroutine per chunk) or ``"uvicorn"`` (the relay as a coroutine per stream).
+
     ``outlier``: ejection of failing replicas and prefill instances (:class:`OutlierConfig`).
     ``max_model_len``: when set, ``max_tokens`` above it is a 400 at the edge. ``ttft_slo_s``:
     passed to the policy as its ``ttft_slo_s`` parameter when set; ``"off"`` (or ``inf``) switches
@@ -213,6 +218,7 @@ class ProxyConfig:
     ttft_slo_s: float | None = None
     served_models: tuple[str, ...] = ()
     log_level: str = "info"
+    http_server: HttpServer = "native"
 
     def __post_init__(self) -> None:
         if self.kv_dialect not in ("nixl", "mooncake", "none"):
@@ -260,6 +266,8 @@ class ProxyConfig:
             object.__setattr__(self, "ttft_slo_s", parse_ttft_slo(self.ttft_slo_s))
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError(f"{self.log_level=} must be debug, info, warning or error")
+        if self.http_server not in ("native", "uvicorn"):
+            raise ValueError(f"{self.http_server=} must be 'native' or 'uvicorn'")
         if self.upstream_api_key_env:  # the fleet-wide default for upstreams without their own
             object.__setattr__(self, "prefill", tuple(
                 p if p.api_key_env else replace(p, api_key_env=self.upstream_api_key_env) for p in self.prefill))

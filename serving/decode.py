@@ -22,7 +22,8 @@ from .ledger import Ledger, Ticket
 from .metrics import ProxyMetrics
 from .protocol import ApiError, ClientRequest, decode_body, is_retryable, upstream_headers
 from .relay import DecodeStream, Event, StreamBroken, has_token
-from .upstream import HttpxUpstream, UpstreamError, UpstreamPool
+from .upstream import UpstreamError, UpstreamPool
+from .upstream_httpx import HttpxUpstream
 
 __all__ = ["DecodeStage"]
 

@@ -1,11 +1,15 @@
-"""HTTP/1.1 response framing for the decode client (``upstream.py``): the status line and
-headers, and chunked transfer decoding (RFC 9112 §7.1) by byte scanning. No I/O here."""
+"""HTTP/1.1 framing (RFC 9112), no I/O: for the decode client (``upstream.py``) the status line
+and headers and chunked transfer decoding by byte scanning; for the native server
+(``http_server.py``) the response head and chunked encoding."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from http import HTTPStatus
 
-__all__ = ["MAX_LINE", "ChunkedDecoder", "UpstreamError", "parse_head"]
+__all__ = ["LAST_CHUNK", "MAX_LINE", "ChunkedDecoder", "UpstreamError", "encode_chunk", "parse_head",
+           "response_head"]
 
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 MAX_LINE = 8192  # a chunk-size or trailer line; the whole header block gets 8 × this
@@ -53,6 +57,17 @@ class ChunkedDecoder:
         buf = self._buf + data if self._buf else data
         out: list[bytes] = []
         pos, end, state = 0, len(buf), self._state
+        while state == _SIZE:  # whole chunks back to back (a reader that fell behind)
+            eol = buf.find(b"\r\n", pos, pos + 18)
+            if eol <= pos or _HEX.fullmatch(buf, pos, eol) is None:
+                break
+            stop = eol + 2 + int(buf[pos:eol], 16)
+            if stop == eol + 2 or stop + 2 > end:
+                break  # the last chunk, or one not complete yet: the general loop below
+            if buf[stop:stop + 2] != b"\r\n":
+                raise ValueError("chunk data not followed by CRLF")
+            out.append(buf[eol + 2:stop])
+            pos = stop + 2
         while pos < end:
             if state == _DATA:
                 take = min(self._left, end - pos)
@@ -108,3 +123,27 @@ def parse_head(block: bytes) -> tuple[int, dict[str, str]]:
         name, value = name.lower(), value.strip()
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
     return int(code), headers
+
+
+LAST_CHUNK = b"0\r\n\r\n"
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+
+
+def encode_chunk(data: bytes) -> bytes:
+    """``data`` as one chunk of chunked transfer coding (``data`` must not be empty)."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def response_head(status: int, headers: Iterable[tuple[bytes, bytes]], *, chunked: bool,
+                  keep_alive: bool) -> bytes:
+    """A response's status line and header block: ``headers`` as given (lower-cased names),
+    plus ``transfer-encoding: chunked`` when ``chunked`` and ``connection: close`` unless
+    ``keep_alive``."""
+    lines = [b"HTTP/1.1 %d %b" % (status, _REASONS.get(status, b""))]
+    lines.extend(b"%b: %b" % (name, value) for name, value in headers)
+    if chunked:
+        lines.append(b"transfer-encoding: chunked")
+    if not keep_alive:
+        lines.append(b"connection: close")
+    lines.append(b"\r\n")
+    return b"\r\n".join(lines)

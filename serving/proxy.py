@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, Response
 
 from balanceroute.core.policies.base import Policy
 
+from .assemble import Assembler
 from .config import ProxyConfig
 from .decode import DecodeStage
 from .dispatch import Dispatcher
@@ -42,17 +43,16 @@ from .metrics import ProxyMetrics
 from .outlier import OutlierDetector
 from .prefill import PrefillStage
 from .protocol import (
-    SSE_DONE,
     ApiError,
     ClientRequest,
     approx_prompt_tokens,
-    error_body,
     parse_body,
-    sse,
     validate_request,
 )
-from .relay import Assembler, DecodeStream, Event, RelayResponse, StreamBroken, Write
-from .upstream import HttpxUpstream, UpstreamError, UpstreamPool
+from .relay import DecodeStream, Event, RelayResponse, StreamBroken
+from .stream_relay import StreamRelay
+from .upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from .upstream_httpx import HttpxUpstream
 
 __all__ = ["Proxy", "build_policy", "error_response"]
 
@@ -217,7 +217,10 @@ class Proxy:
             headers = {"X-Request-Id": ticket.request_id}
             if creq.stream:
                 owned, stream = stream, None
-                return RelayResponse(lambda write: self._relay(ticket, owned, creq, write), headers={
+                relay = StreamRelay(ticket, owned, creq, observe=self._observe, progress=self._progress,
+                                    end=self._end, broken=self._broken)
+                pushes = isinstance(owned.response, UpstreamResponse)  # the lean client can splice
+                return RelayResponse(relay.run, splice=relay.splice if pushes else None, headers={
                     **headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                     on_close=lambda: self._abandon(ticket, owned))
             result = await self._assemble(ticket, stream, creq)
@@ -244,58 +247,23 @@ class Proxy:
         stage, s_i from ``usage.prompt_tokens``). Idempotent: re-observing changes nothing."""
         done = event.completion_tokens
         if done is not None and done > ticket.age:
-            self.metrics.relayed_tokens += done - ticket.age
-            self.ledger.progress(ticket, done)
+            self._progress(ticket, done)
         if not ticket.prompt_checked and done is not None:  # the first usage object (not null)
             ticket.prompt_checked = True
             prompt = event.prompt_tokens
             if not self.dialect.has_prefill and prompt is not None and prompt > 0:
                 self.ledger.set_prompt(ticket, prompt)
 
-    async def _relay(self, ticket: Ticket, stream: DecodeStream, creq: ClientRequest, write: Write) -> None:
-        outcome = "client_disconnect"
-        usage, continuous = creq.include_usage, creq.continuous_usage
-        try:
-            try:
-                batch, stream.buffered = stream.buffered, []
-                while True:
-                    out = []
-                    for event in batch:
-                        if event.done:
-                            break
-                        message = event.error()
-                        if message is not None:
-                            raise StreamBroken("decode_error_event", message)
-                        self._observe(ticket, event)
-                        data = event.for_client(usage, continuous)
-                        if data is not None:
-                            out.append(b"data: " + data + b"\n\n")
-                    else:
-                        if out:
-                            await write(out[0] if len(out) == 1 else b"".join(out))
-                        try:
-                            batch = await stream.next_batch()
-                        except UpstreamError as exc:
-                            raise StreamBroken("decode_stream", f"decode stream broke: {exc}") from None
-                        if batch:
-                            continue
-                        if not stream.finished:
-                            raise StreamBroken("decode_stream", "decode stream ended before the request finished")
-                        out = []
-                    out.append(SSE_DONE)
-                    outcome = "ok"
-                    await write(b"".join(out))
-                    break
-            except StreamBroken as exc:
-                outcome = exc.kind
-                self.metrics.errors.labels(exc.kind).inc()
-                self.members.record(ticket.replica, False)
-                self._end(ticket, outcome)
-                await write(sse(error_body(f"upstream decode failed mid-stream: {exc}", status=502,
-                                           code=exc.kind)) + SSE_DONE)
-        finally:
-            self._end(ticket, outcome)
-            await stream.aclose()
+    def _progress(self, ticket: Ticket, done: int) -> None:
+        """a_i grew to ``done`` (> ``ticket.age``)."""
+        self.metrics.relayed_tokens += done - ticket.age
+        self.ledger.progress(ticket, done)
+
+    def _broken(self, ticket: Ticket, exc: StreamBroken) -> None:
+        """A stream broke after its first token: counted, charged to its replica, ended."""
+        self.metrics.errors.labels(exc.kind).inc()
+        self.members.record(ticket.replica, False)
+        self._end(ticket, exc.kind)
 
     async def _assemble(self, ticket: Ticket, stream: DecodeStream, creq: ClientRequest) -> dict:
         acc = Assembler(creq.chat)

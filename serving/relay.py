@@ -22,15 +22,15 @@ import asyncio
 import contextlib
 import json
 import re
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 from fastapi.responses import Response
 
-__all__ = ["Assembler", "DecodeStream", "Event", "RelayResponse", "StreamBroken", "event_error",
-           "has_token"]
+from .asgi import SPLICE, Downstream
+
+__all__ = ["DecodeStream", "Event", "RelayResponse", "StreamBroken", "Write", "event_error", "has_token"]
 
 _USAGE_KEY = re.compile(rb'[{,]\s*"usage"\s*:\s*')
 _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
@@ -219,23 +219,29 @@ class DecodeStream:
         """The complete events of the next upstream read (``[]`` once the stream has ended)."""
         while not self.ended:
             chunk = await self.response.read()
-            if not chunk:
-                self.ended = True
-                tail = self._buf.strip()
-                self._buf = b""
-                return self._frame([tail + b"\n\n"], parse) if tail else []
-            buf = self._buf + chunk if self._buf else chunk
-            if b"\r" in buf:  # CRLF line ends (possibly split across reads)
-                buf = buf.replace(b"\r\n", b"\n")
-            cut = buf.rfind(b"\n\n")
-            if cut < 0:
-                self._buf = buf
-                continue
-            self._buf = buf[cut + 2:]
-            events = self._frame(buf[:cut].split(b"\n\n"), parse)
+            events = self.feed(chunk, parse=parse) if chunk else self.feed_end(parse=parse)
             if events:
                 return events
         return []
+
+    def feed(self, chunk: bytes, *, parse: bool = False) -> list[Event]:
+        """The events that ``chunk`` completes (the rest waits for the next one)."""
+        buf = self._buf + chunk if self._buf else chunk
+        if b"\r" in buf:  # CRLF line ends (possibly split across reads)
+            buf = buf.replace(b"\r\n", b"\n")
+        cut = buf.rfind(b"\n\n")
+        if cut < 0:
+            self._buf = buf
+            return []
+        self._buf = buf[cut + 2:]
+        return self._frame(buf[:cut].split(b"\n\n"), parse)
+
+    def feed_end(self, *, parse: bool = False) -> list[Event]:
+        """The body ended: the event left unterminated, if any."""
+        self.ended = True
+        tail = self._buf.strip()
+        self._buf = b""
+        return self._frame([tail + b"\n\n"], parse) if tail else []
 
     def _frame(self, blocks: list[bytes], parse: bool) -> list[Event]:
         out = []
@@ -266,16 +272,19 @@ class RelayResponse(Response):
     """A raw ASGI event stream: ``body(write)`` writes it, one ASGI send per ``write`` (no
     body iterator or task group per chunk). A watcher cancels ``body`` when the client
     disconnects; ``on_close`` (close upstream, end the ticket) always runs, even if the body
-    never started."""
+    never started. Under the native server (the ``balanceroute.splice`` scope extension)
+    ``splice(downstream)`` runs instead, once the head is sent: it relays without a coroutine
+    per chunk and returns when the stream has ended."""
 
     def __init__(self, body: Callable[[Write], Awaitable[None]], *, on_close: Callable[[], Awaitable[None]],
-                 headers: dict[str, str]) -> None:
+                 headers: dict[str, str], splice: Callable[[Downstream], Awaitable[None]] | None = None) -> None:
         self.status_code = 200
         self.background = None
         self.media_type = "text/event-stream"
         self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
                             *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())]
         self._body = body
+        self._splice = splice
         self._on_close = on_close
         self._closed = False
 
@@ -287,6 +296,17 @@ class RelayResponse(Response):
                 await self._on_close()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        spliced = scope.get("extensions", {}).get(SPLICE) if self._splice is not None else None
+        if spliced is not None:  # the native server: the relay writes to its transport itself
+            try:
+                await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+                await self._splice(spliced["downstream"])  # type: ignore[misc]
+            except BaseException:
+                await self.discard()
+                raise
+            self._closed = True  # the relay has ended the ticket and closed upstream itself
+            return
+
         async def write(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
@@ -321,84 +341,3 @@ class RelayResponse(Response):
                 with contextlib.suppress(BaseException):
                     await relay
             await self.discard()
-
-
-def _merge_logprobs(acc: dict[str, Any] | None, part: Any) -> dict[str, Any] | None:
-    """Concatenate streamed logprobs: chat ``{"content": [...]}``, completions
-    ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` lists."""
-    if not isinstance(part, dict):
-        return acc
-    acc = acc if acc is not None else {}
-    for key, value in part.items():
-        if isinstance(value, list):
-            acc.setdefault(key, []).extend(value)
-        elif key not in acc or acc[key] is None:
-            acc[key] = value
-    return acc
-
-
-class Assembler:
-    """Builds a non-streaming (chat) completion from decode's chunks: text or message content,
-    reasoning content, tool calls (merged by index), logprobs, finish reason and final usage."""
-
-    def __init__(self, chat: bool) -> None:
-        self.chat = chat
-        self.text: list[str] = []
-        self.reasoning: list[str] = []
-        self.tool_calls: dict[int, dict[str, Any]] = {}
-        self.logprobs: dict[str, Any] | None = None
-        self.meta: dict[str, Any] = {}
-        self.finish_reason: Any = None
-        self.stop_reason: Any = None
-        self.usage: Any = None
-
-    def add(self, obj: dict) -> None:
-        """Fold one parsed chunk in."""
-        for key in ("id", "created", "model", "system_fingerprint"):
-            if key in obj and key not in self.meta:
-                self.meta[key] = obj[key]
-        if obj.get("usage"):
-            self.usage = obj["usage"]
-        for choice in obj.get("choices") or ():
-            if not isinstance(choice, dict):
-                continue
-            if self.chat:
-                delta = choice.get("delta") or {}
-                if delta.get("content"):
-                    self.text.append(delta["content"])
-                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-                if reasoning:
-                    self.reasoning.append(reasoning)
-                for call in delta.get("tool_calls") or ():
-                    slot = self.tool_calls.setdefault(call.get("index", 0), {
-                        "id": None, "type": "function", "function": {"name": "", "arguments": ""}})
-                    if call.get("id"):
-                        slot["id"] = call["id"]
-                    fn = call.get("function") or {}
-                    slot["function"]["name"] += fn.get("name") or ""
-                    slot["function"]["arguments"] += fn.get("arguments") or ""
-            elif choice.get("text"):
-                self.text.append(choice["text"])
-            self.logprobs = _merge_logprobs(self.logprobs, choice.get("logprobs"))
-            if choice.get("finish_reason") is not None:
-                self.finish_reason = choice["finish_reason"]
-                self.stop_reason = choice.get("stop_reason")
-
-    def result(self) -> dict[str, Any]:
-        """The assembled ``chat.completion`` / ``text_completion``."""
-        text = "".join(self.text)
-        if self.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text}
-            if self.reasoning:
-                message["reasoning_content"] = "".join(self.reasoning)
-            if self.tool_calls:
-                message["tool_calls"] = [self.tool_calls[k] for k in sorted(self.tool_calls)]
-            choice: dict[str, Any] = {"index": 0, "message": message}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text}
-            obj = "text_completion"
-        choice.update(logprobs=self.logprobs, finish_reason=self.finish_reason, stop_reason=self.stop_reason)
-        return {"id": self.meta.get("id", ""), "object": obj,
-                "created": self.meta.get("created", int(time.time())),
-                "model": self.meta.get("model", ""), "choices": [choice], "usage": self.usage}

@@ -25,7 +25,8 @@ from .config import ProxyConfig
 from .metrics import CONTENT_TYPE_LATEST
 from .protocol import ApiError, error_body, request_schema, upstream_headers
 from .proxy import Proxy, build_policy, error_response
-from .upstream import HttpxUpstream, UpstreamPool
+from .upstream import UpstreamPool
+from .upstream_httpx import HttpxUpstream
 
 __all__ = ["create_proxy_app", "router"]
 
@@ -185,6 +186,18 @@ def create_proxy_app(config: ProxyConfig, *, client: httpx.AsyncClient | None = 
                   redoc_url=None, openapi_url="/openapi.json")
     app.state.client_key = config.client_key()
     app.include_router(router)
+
+    def direct(chat: bool) -> Any:
+        async def endpoint(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            scope["app"] = app
+            response = await _generate(Request(scope, receive), chat)
+            await response(scope, receive, send)
+        return endpoint
+
+    # The native server calls these two routes directly, past FastAPI's routing and middleware
+    # (same handler; neither takes FastAPI-validated parameters).
+    app.state.native_routes = {("POST", "/v1/completions"): direct(False),
+                               ("POST", "/v1/chat/completions"): direct(True)}
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -15,8 +15,10 @@ from typing import Any, TypeVar
 
 import uvicorn
 
+from .config import HttpServer
 from .emulator import EmulatedCluster, EmulatorConfig
 from .emulator_app import create_decode_app, create_prefill_app
+from .http_server import NativeServer
 
 __all__ = ["EmulatorThread", "ServerThread", "bind_socket", "configure_logging", "emulator_apps",
            "emulator_proxy_mapping", "serve_apps", "start_emulator"]
@@ -71,16 +73,25 @@ async def serve_apps(
     started: Callable[[], None] | None = None,
     log_level: str = "warning",
     graceful_s: float = 2.0,
+    http_server: HttpServer = "uvicorn",
+    max_body_bytes: int = 16 * 1024 * 1024,
 ) -> None:
-    """Serve every (app, socket) until ``stop`` is set. ``on_start``/``on_stop`` run before the
-    servers start and after they stop; ``started()`` is called once all accept connections."""
+    """Serve every (app, socket) until ``stop`` is set, under uvicorn or the native server
+    (:mod:`.http_server`; ``max_body_bytes`` is its body limit). ``on_start``/``on_stop`` run
+    before the servers start and after they stop; ``started()`` is called once all accept
+    connections."""
     if on_start is not None:
         await on_start()
-    servers = [
-        _Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
-                               timeout_graceful_shutdown=graceful_s, timeout_keep_alive=30))
-        for app, _ in apps
-    ]
+    servers: list[Any]
+    if http_server == "native":
+        servers = [NativeServer(app, keep_alive_s=30, graceful_s=graceful_s, max_body_bytes=max_body_bytes)
+                   for app, _ in apps]
+    else:
+        servers = [
+            _Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
+                                   timeout_graceful_shutdown=graceful_s, timeout_keep_alive=30))
+            for app, _ in apps
+        ]
     tasks = [asyncio.ensure_future(s.serve(sockets=[sock])) for s, (_, sock) in zip(servers, apps, strict=True)]
     try:
         while not all(s.started for s in servers):
@@ -102,8 +113,9 @@ async def serve_apps(
 
 def run_foreground(apps: list[tuple[Any, socket.socket]], *, on_start: Hook | None = None,
                    on_stop: Hook | None = None, started: Callable[[], None] | None = None,
-                   log_level: str = "info") -> None:
-    """Serve in the main thread until SIGINT/SIGTERM."""
+                   log_level: str = "info", **server: Any) -> None:
+    """Serve in the main thread until SIGINT/SIGTERM (``server``: ``http_server`` and
+    ``max_body_bytes`` of :func:`serve_apps`)."""
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -112,7 +124,7 @@ def run_foreground(apps: list[tuple[Any, socket.socket]], *, on_start: Hook | No
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
         await serve_apps(apps, stop=stop, on_start=on_start, on_stop=on_stop, started=started,
-                         log_level=log_level)
+                         log_level=log_level, **server)
 
     try:
         import uvloop  # optional (uvicorn[standard]): a faster event loop
@@ -133,6 +145,8 @@ class ServerThread:
     on_start: Hook | None = None
     on_stop: Hook | None = None
     log_level: str = "warning"
+    http_server: HttpServer = "uvicorn"
+    max_body_bytes: int = 16 * 1024 * 1024
     urls: list[str] = field(init=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
     _stop: asyncio.Event | None = field(default=None, init=False)
@@ -158,7 +172,8 @@ class ServerThread:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
             await serve_apps(self.apps, stop=self._stop, on_start=self.on_start, on_stop=self.on_stop,
-                             started=self._ready.set, log_level=self.log_level)
+                             started=self._ready.set, log_level=self.log_level,
+                             http_server=self.http_server, max_body_bytes=self.max_body_bytes)
 
         try:
             asyncio.run(main())

@@ -11,7 +11,9 @@ Both implementations of the small contract the decode stage uses —
 ``await post_stream(url, content, headers, connect_timeout=, read_timeout=)`` → a response with
 ``status``, ``headers``, ``await read()`` (body bytes, ``b""`` at the end), ``await aread()``
 and ``await aclose()`` — raise only :class:`UpstreamError`: :class:`UpstreamPool` (sockets) and
-:class:`HttpxUpstream` (an injected ``httpx.AsyncClient``, so tests can swap the transport).
+:class:`~.upstream_httpx.HttpxUpstream` (an injected ``httpx.AsyncClient``, so tests can swap
+the transport). Only this module's responses also push their body (:meth:`UpstreamResponse.attach`),
+which the native server's zero-wake relay uses.
 """
 
 from __future__ import annotations
@@ -19,13 +21,12 @@ from __future__ import annotations
 import asyncio
 import re
 import ssl
+from typing import Protocol
 from urllib.parse import urlsplit
-
-import httpx
 
 from .http1 import MAX_LINE, ChunkedDecoder, UpstreamError, parse_head
 
-__all__ = ["HttpxUpstream", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
+__all__ = ["BodySink", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
 
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")  # header smuggling: no CR, LF, NUL, ... in what we send
 _PAUSE_AT = 1 << 18  # buffered but unread bytes at which the socket stops being read
@@ -46,12 +47,17 @@ class _Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timeout = 0.0
+        self.push: UpstreamResponse | None = None  # push mode: bytes go straight to it
 
     # protocol callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self.push is not None:
+            self.last_rx = self.loop.time()
+            self.push.pushed(data)
+            return
         self.chunks.append(data)
         self.buffered += len(data)
         self.last_rx = self.loop.time()
@@ -62,12 +68,16 @@ class _Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         self.eof = True
+        if self.push is not None:
+            self.push.pushed_end(None)
         self._wake(None)
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.eof = True
         self.lost = exc
+        if self.push is not None:
+            self.push.pushed_end(None if exc is None else UpstreamError(f"upstream connection lost: {exc}"))
         self._wake(None)
 
     def _wake(self, exc: BaseException | None) -> None:
@@ -103,11 +113,15 @@ class _Connection(asyncio.Protocol):
 
     def _on_timer(self) -> None:  # one timer per wait period, not one per read
         idle = self.loop.time() - self.last_rx
-        if self._waiter is None or self._waiter.done():
+        if self.push is None and (self._waiter is None or self._waiter.done()):
             self._timer = None
         elif idle >= self._timeout:
             self._timer = None
-            self._wake(UpstreamError(f"no data from upstream for {self._timeout:g} s (read timeout)"))
+            exc = UpstreamError(f"no data from upstream for {self._timeout:g} s (read timeout)")
+            if self.push is not None:
+                self.push.pushed_end(exc)
+            else:
+                self._wake(exc)
         else:
             self._timer = self.loop.call_later(self._timeout - idle, self._on_timer)
 
@@ -126,8 +140,22 @@ class _Connection(asyncio.Protocol):
                 and not self.transport.is_closing())
 
 
+class BodySink(Protocol):
+    """Where a response in push mode (:meth:`UpstreamResponse.attach`) delivers its body."""
+
+    def on_body(self, data: bytes) -> None:
+        """Body bytes (chunked coding removed), called from the connection's ``data_received``."""
+
+    def on_end(self) -> None:
+        """The body ended."""
+
+    def on_error(self, exc: UpstreamError) -> None:
+        """The body broke: connection lost, bad framing, or the read timeout."""
+
+
 class UpstreamResponse:
-    """A response being read: ``status``, lower-cased ``headers``, the body via :meth:`read`."""
+    """A response being read: ``status``, lower-cased ``headers``, the body via :meth:`read`
+    (a coroutine per read) or pushed to a :class:`BodySink` (:meth:`attach`)."""
 
     def __init__(self, pool: UpstreamPool, key: tuple[str, str, int], conn: _Connection, status: int,
                  headers: dict[str, str], rest: bytes, read_timeout: float) -> None:
@@ -147,6 +175,7 @@ class UpstreamResponse:
                 self._left = int(length)
         self.complete = self._left == 0 or status in (204, 304)
         self._rest = rest
+        self._sink: BodySink | None = None
 
     async def read(self) -> bytes:
         """The next body bytes (``b""`` once the body has ended)."""
@@ -189,12 +218,101 @@ class UpstreamResponse:
                 size += len(part)
         return b"".join(parts)[:limit]
 
-    async def aclose(self) -> None:
+    # push mode
+    def attach(self, sink: BodySink) -> None:
+        """Push mode: from now on the body goes to ``sink`` from the connection's callbacks,
+        no coroutine per read (what already arrived first); the read timeout still applies."""
+        conn = self._conn
+        pending = self._rest + b"".join(conn.chunks) if conn.chunks else self._rest
+        self._rest = b""
+        conn.chunks.clear()
+        conn.buffered = 0
+        self._sink = sink
+        conn.push = self
+        conn.last_rx = conn.loop.time()
+        if conn._timer is None:
+            conn._timeout = self._timeout
+            conn._timer = conn.loop.call_later(self._timeout, conn._on_timer)
+        self.resume()
+        if pending:
+            self.pushed(pending)
+        if conn.eof and conn.push is self:
+            self.pushed_end(None if conn.lost is None else UpstreamError(f"upstream connection lost: {conn.lost}"))
+        elif self.complete and conn.push is self:
+            self._end_push(None)
+
+    def pause(self) -> None:
+        """Stop reading the socket (push mode's back-pressure)."""
+        transport = self._conn.transport
+        if not self._conn.paused and transport is not None and not transport.is_closing():
+            self._conn.paused = True
+            transport.pause_reading()
+
+    def resume(self) -> None:
+        """Read the socket again."""
+        transport = self._conn.transport
+        if self._conn.paused and transport is not None and not transport.is_closing():
+            self._conn.paused = False
+            transport.resume_reading()
+
+    def pushed(self, data: bytes) -> None:
+        """Bytes from the socket in push mode."""
+        try:
+            out = self._take(data)
+        except UpstreamError as exc:
+            self._end_push(exc)
+            return
+        sink = self._sink
+        if out:
+            if sink is None:  # draining after close(drain=True): nothing more was expected
+                self.complete = False
+                self._end_push(None)
+                return
+            sink.on_body(out)
+        if self.complete and self._conn.push is self:
+            self._end_push(None)
+
+    def pushed_end(self, exc: UpstreamError | None) -> None:
+        """EOF, a lost connection or the read timeout in push mode."""
+        if self._conn.push is not self:
+            return
+        if exc is None and not self.complete:
+            if self._left is None and self._decoder is None:
+                self.complete, self._keep = True, False  # the body ends at EOF
+            else:
+                exc = UpstreamError("upstream closed the connection mid-response")
+        self._end_push(exc)
+
+    def _end_push(self, exc: UpstreamError | None) -> None:
+        self._conn.push = None
+        sink, self._sink = self._sink, None
+        if sink is None:
+            self._release()
+        elif exc is None:
+            sink.on_end()
+        else:
+            sink.on_error(exc)
+
+    def close(self, *, drain: bool = False) -> None:
         """Return the connection to the pool if the body was read to its end (what already
-        arrived is looked at), else close it — vLLM aborts the request."""
+        arrived is looked at), else close it — vLLM aborts the request. ``drain`` (push mode,
+        the stream finished): let the connection read the body's last bytes, then pool it."""
         if self._closed:
             return
         self._closed = True
+        if self._conn.push is self:
+            if drain and not self.complete:
+                self._sink = None
+                return
+            self._conn.push = None
+            self._sink = None
+        self._release()
+
+    async def aclose(self) -> None:
+        """:meth:`close` from a coroutine."""
+        self.close()
+
+    def _release(self) -> None:
         if not self.complete and not self._rest and self._conn.chunks and not self._conn.lost:
             data = b"".join(self._conn.chunks)
             self._conn.chunks.clear()
@@ -222,6 +340,9 @@ class UpstreamPool:
         if conn._timer is not None:
             conn._timer.cancel()
             conn._timer = None
+        if conn.paused and conn.transport is not None and not conn.transport.is_closing():
+            conn.paused = False  # a relay may have paused it as its last bytes came in
+            conn.transport.resume_reading()
         idle = self._idle.setdefault(key, [])
         if conn.reusable and len(idle) < self.max_idle_per_host:
             idle.append(conn)
@@ -305,60 +426,3 @@ class UpstreamPool:
 
 class _Stale(Exception):
     """A kept-alive connection was closed by the server before it answered (retried)."""
-
-
-class _HttpxResponse:
-    """An ``httpx`` streamed response behind the same contract."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        self.response = response
-        self.status = response.status_code
-        self.headers = response.headers
-        encoded = response.headers.get("content-encoding", "identity") not in ("", "identity")
-        raw = not encoded and not response.is_stream_consumed  # a mock's body may be read already
-        self._chunks = response.aiter_raw() if raw else response.aiter_bytes()
-
-    async def read(self) -> bytes:
-        try:
-            while True:
-                part = await self._chunks.__anext__()
-                if part:
-                    return part
-        except StopAsyncIteration:
-            return b""
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"{type(exc).__name__}: {exc}") from None
-
-    async def aread(self, limit: int = 1 << 20) -> bytes:
-        parts = []
-        while part := await self.read():
-            parts.append(part)
-        return b"".join(parts)[:limit]
-
-    async def aclose(self) -> None:
-        try:
-            await self._chunks.aclose()  # type: ignore[attr-defined]
-        finally:
-            await self.response.aclose()
-
-
-class HttpxUpstream:
-    """The decode-stream contract over an ``httpx.AsyncClient`` (tests inject mock transports)."""
-
-    def __init__(self, client: httpx.AsyncClient) -> None:
-        self.client = client
-
-    async def post_stream(self, url: str, content: bytes, headers: dict[str, str], *,
-                          connect_timeout: float, read_timeout: float) -> _HttpxResponse:
-        """POST and return once the headers are in (errors as :class:`UpstreamError`)."""
-        request = self.client.build_request(
-            "POST", url, content=content, headers={"Content-Type": "application/json", **headers},
-            timeout=httpx.Timeout(read_timeout, connect=connect_timeout))
-        try:
-            return _HttpxResponse(await self.client.send(request, stream=True))
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"{type(exc).__name__}: {exc}",
-                                connect=isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))) from None
-
-    async def aclose(self) -> None:
-        """Nothing to close: the client belongs to whoever injected it."""

@@ -140,7 +140,8 @@ def running_proxy(mapping: dict[str, Any], **kwargs: Any) -> Iterator[tuple[str,
     """A proxy server on 127.0.0.1; yields (base url, the Proxy object, the server handle)."""
     config = ProxyConfig.from_mapping({"tick_interval_s": 0.01, "upstream_api_key_env": None, **mapping})
     app = create_proxy_app(config, **kwargs)
-    server = ServerThread([(app, bind_socket("127.0.0.1"))]).start()
+    server = ServerThread([(app, bind_socket("127.0.0.1"))], http_server=config.http_server,
+                          max_body_bytes=config.max_body_bytes).start()
     try:
         yield server.urls[0], app.state.proxy, server
     finally:

@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 from balanceroute.core.state import Assignment
 from balanceroute.serving.config import ProxyConfig
+from balanceroute.serving.http_server import NativeServer
 from balanceroute.serving.proxy import Proxy, build_policy
 from balanceroute.serving.routes import create_proxy_app
-from balanceroute.serving.runner import configure_logging
+from balanceroute.serving.runner import bind_socket, configure_logging, url_of
 
 from .conftest import assert_drained, mock_proxy, pd_config
 from .test_proxy_unit import Recorder
@@ -210,15 +211,21 @@ def bodies(draw) -> tuple[str, bytes]:
 
 
 def test_fuzzed_bodies_never_get_a_5xx_and_the_load_returns_to_zero() -> None:
+    """Through the default HTTP server (the native one) over a 127.0.0.1 socket."""
     rec = Recorder(n_tokens=2)
     config = pd_config(kv_dialect="none", prefill=[], decode=[{"url": f"http://d{g}:8000"} for g in range(4)],
                        slots=64, pool_capacity=512)
+    assert config.http_server == "native"
     upstream = httpx.AsyncClient(transport=httpx.MockTransport(rec))
     app = create_proxy_app(config, client=upstream)
     loop = asyncio.new_event_loop()
-    lifespan = app.router.lifespan_context(app)
-    loop.run_until_complete(lifespan.__aenter__())
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy")
+    sock = bind_socket("127.0.0.1")
+    server = NativeServer(app, max_body_bytes=config.max_body_bytes)
+    serving = loop.create_task(server.serve([sock]))
+    while not server.started:
+        assert not serving.done(), serving
+        loop.run_until_complete(asyncio.sleep(0.01))
+    client = httpx.AsyncClient(base_url=url_of(sock), timeout=30)
     seen = {"n": 0, "ok": 0}
 
     @settings(max_examples=2000, deadline=None, database=None, derandomize=True, phases=[Phase.generate],
@@ -242,6 +249,8 @@ def test_fuzzed_bodies_never_get_a_5xx_and_the_load_returns_to_zero() -> None:
         assert not any(math.isnan(v) for v in proxy.ledger.loads.tolist())
     finally:
         loop.run_until_complete(client.aclose())
-        loop.run_until_complete(lifespan.__aexit__(None, None, None))
+        server.should_exit = True
+        loop.run_until_complete(serving)
         loop.run_until_complete(upstream.aclose())
         loop.close()
+        sock.close()

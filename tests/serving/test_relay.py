@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balanceroute.serving.relay import Assembler, DecodeStream, Event, StreamBroken, event_error
+from balanceroute.serving.assemble import Assembler
+from balanceroute.serving.relay import DecodeStream, Event, StreamBroken, event_error
 
 pytestmark = pytest.mark.anyio
 

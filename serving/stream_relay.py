@@ -1,0 +1,252 @@
+"""Relaying one streamed completion to its client, by either of two drivers over the same
+per-batch rule (:meth:`StreamRelay.convert`):
+
+* :meth:`StreamRelay.run` — a coroutine reading the decode stream and awaiting each write (any
+  ASGI server, any upstream client);
+* :meth:`StreamRelay.splice` — the zero-wake relay (native server, lean upstream client): the
+  upstream connection's ``data_received`` de-frames the chunk, the events are scanned, the ledger
+  updated and the client's bytes written to its transport, all in that one callback. The
+  client's write buffer past its high-water mark pauses the upstream socket, its draining
+  resumes it; the client's disconnect closes the upstream connection (vLLM aborts); an upstream
+  failure or read timeout ends the stream with an error event, as in :meth:`run`.
+
+Every way a relay ends calls ``end(ticket, outcome)`` (idempotent: a ticket ends exactly once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from .asgi import Downstream
+from .ledger import Ticket
+from .protocol import SSE_DONE, ClientRequest, error_body, sse
+from .relay import DecodeStream, Event, StreamBroken, Write
+from .upstream import UpstreamError
+
+__all__ = ["StreamRelay"]
+
+log = logging.getLogger("balanceroute.serving.proxy")
+
+
+class StreamRelay:
+    """One stream's relay. ``observe(ticket, event)`` records progress (``progress(ticket,
+    completion_tokens)`` once the prompt length is settled); ``end(ticket, outcome)``
+    ends the ticket; ``broken(ticket, exc)`` accounts a stream that broke (metrics, the
+    replica's failure, the ticket's end)."""
+
+    def __init__(self, ticket: Ticket, stream: DecodeStream, creq: ClientRequest, *,
+                 observe: Callable[[Ticket, Event], None], progress: Callable[[Ticket, int], None],
+                 end: Callable[[Ticket, str], None], broken: Callable[[Ticket, StreamBroken], None]) -> None:
+        self.ticket = ticket
+        self.stream = stream
+        self.include_usage = creq.include_usage
+        self.continuous = creq.continuous_usage
+        self._observe = observe
+        self._progress = progress
+        self._end = end
+        self._broken = broken
+        self._down: Downstream | None = None
+        self._done: asyncio.Future[None] | None = None
+
+    # ------------------------------------------------------------ the rule per batch
+    def convert(self, batch: list[Event]) -> tuple[bytes, bool]:
+        """The client's bytes for ``batch`` and whether the stream is over (``[DONE]``);
+        :class:`StreamBroken` on an in-stream error event."""
+        out = []
+        ticket, usage, continuous, observe = self.ticket, self.include_usage, self.continuous, self._observe
+        for event in batch:
+            if event.done:
+                out.append(SSE_DONE)
+                return b"".join(out), True
+            if event.obj is not None:  # parsed: a suspect event
+                message = event.error()
+                if message is not None:
+                    raise StreamBroken("decode_error_event", message)
+            observe(ticket, event)
+            data = event.for_client(usage, continuous)
+            if data is not None:
+                out.append(b"data: " + data + b"\n\n")
+        return (out[0] if len(out) == 1 else b"".join(out)), False
+
+    def _at_end(self) -> bytes:
+        """The upstream body ended without ``[DONE]``: fine once the request finished."""
+        if not self.stream.finished:
+            raise StreamBroken("decode_stream", "decode stream ended before the request finished")
+        return SSE_DONE
+
+    def _error_event(self, exc: StreamBroken) -> bytes:
+        self._broken(self.ticket, exc)
+        return sse(error_body(f"upstream decode failed mid-stream: {exc}", status=502, code=exc.kind)) + SSE_DONE
+
+    # ---------------------------------------------------------- the coroutine driver
+    async def run(self, write: Write) -> None:
+        """Relay with a coroutine: read, convert, ``await write(...)``."""
+        outcome = "client_disconnect"
+        stream = self.stream
+        try:
+            try:
+                batch, stream.buffered = stream.buffered, []
+                while True:
+                    data, done = self.convert(batch)
+                    if done:
+                        outcome = "ok"
+                        await write(data)
+                        break
+                    if data:
+                        await write(data)
+                    try:
+                        batch = await stream.next_batch()
+                    except UpstreamError as exc:
+                        raise StreamBroken("decode_stream", f"decode stream broke: {exc}") from None
+                    if not batch:
+                        tail = self._at_end()
+                        outcome = "ok"
+                        await write(tail)
+                        break
+            except StreamBroken as exc:
+                outcome = exc.kind
+                await write(self._error_event(exc))
+        finally:
+            self._end(self.ticket, outcome)
+            await stream.aclose()
+
+    # ------------------------------------------------------------ the zero-wake driver
+    def splice(self, down: Downstream) -> asyncio.Future[None]:
+        """Relay from the upstream connection's callbacks into ``down``; the future resolves
+        when the stream has ended (however it ends)."""
+        self._down = down
+        self._done = asyncio.get_running_loop().create_future()
+        if down.gone:
+            self._finish("client_disconnect")
+            return self._done
+        down.listen(self)
+        batch, self.stream.buffered = self.stream.buffered, []
+        self._relay(batch)
+        if not self._done.done():
+            self.stream.response.attach(self)
+        return self._done
+
+    def _relay(self, batch: list[Event]) -> None:
+        try:
+            data, done = self.convert(batch)
+        except StreamBroken as exc:
+            self._fail(exc)
+            return
+        if data:
+            self._down.write(data)  # type: ignore[union-attr]
+        if done:
+            self._finish("ok")
+
+    def on_body(self, data: bytes) -> None:
+        """Upstream body bytes (:class:`~.upstream.BodySink`): whole events (the usual read)
+        event by event, each by :meth:`_fast_event` where it applies, else by :meth:`convert`;
+        anything else (an event split across reads, CRLF line ends) through the stream's
+        general framing."""
+        stream = self.stream
+        try:
+            if stream._buf or not data.endswith(b"\n\n") or b"\r" in data or not self.ticket.prompt_checked:
+                batch = stream.feed(data)
+                if batch:
+                    self._relay(batch)
+                return
+            out = []
+            for block in data.split(b"\n\n"):
+                if not block:
+                    continue
+                piece = self._fast_event(block)
+                if piece is None:
+                    piece, done = self.convert(stream._frame([block], False))
+                    if done:
+                        out.append(piece)
+                        self._down.write(b"".join(out))  # type: ignore[union-attr]
+                        self._finish("ok")
+                        return
+                if piece:  # b"": a usage-only event the client did not ask for
+                    out.append(piece)
+            if out:
+                self._down.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[union-attr]
+        except StreamBroken as exc:
+            self._fail(exc)
+        except Exception:  # a bug: the client gets an error event, the accounting stays right
+            log.exception("relay of %s failed", self.ticket.request_id)
+            self._end(self.ticket, "internal")
+            self._down.write(sse(error_body("internal proxy error in the relay", status=500)))  # type: ignore[union-attr]
+            self._finish("internal")
+
+    def _fast_event(self, block: bytes) -> bytes | None:
+        """The fast path for one event ``block`` (no trailing blank line) in vLLM's compact form
+        — a single ``data:`` line with its flat usage object last (``...,"usage":{...}}``), no
+        ``[]`` (a usage-only chunk), nothing suspect: records its progress and returns the
+        client's bytes (what :meth:`convert` would); ``None``, untouched, for anything else."""
+        end = len(block) - 2  # the usage object's closing brace
+        at = block.rfind(b',"usage":{', 0, end)
+        if (at < 0 or block[:7] != b"data: {" or block[end:] != b"}}" or block.find(b"\n") >= 0
+                or block.find(b"{", at + 10, end) >= 0 or block.find(b"}", at + 10, end) >= 0
+                or b"[]" in block or b'"error"' in block or b"recomputed" in block):
+            return None
+        c = block.find(b'"completion_tokens":', at, end)
+        f = block.find(b'"finish_reason":', 0, at)
+        if c < 0 or (f >= 0 and (block[f - 1] not in b",{" or block[f + 16] not in b'n"')):
+            return None
+        stop = block.find(b",", c + 20, end)
+        try:
+            done = int(block[c + 20:stop if stop >= 0 else end])
+        except ValueError:
+            return None
+        ticket = self.ticket
+        if done > ticket.age:
+            self._progress(ticket, done)
+        if f >= 0 and block[f + 16] == 34:  # '"': a finish reason
+            self.stream.finished = True
+        if self.continuous:
+            return block + b"\n\n"
+        if self.include_usage:
+            return block[:at + 9] + b"null}\n\n"
+        return block[:at] + b"}\n\n"
+
+    def on_end(self) -> None:
+        """The upstream body ended."""
+        try:
+            data, done = self.convert(self.stream.feed_end())
+            if not done:
+                data += self._at_end()
+        except StreamBroken as exc:
+            self._fail(exc)
+            return
+        self._down.write(data)  # type: ignore[union-attr]
+        self._finish("ok")
+
+    def on_error(self, exc: UpstreamError) -> None:
+        """The upstream body broke (connection lost, bad framing, read timeout)."""
+        self._fail(StreamBroken("decode_stream", f"decode stream broke: {exc}"))
+
+    def on_gone(self) -> None:
+        """The client left: abort upstream."""
+        self._finish("client_disconnect")
+
+    def pause_writing(self) -> None:
+        """The client reads slower than decode writes: stop reading upstream."""
+        self.stream.response.pause()
+
+    def resume_writing(self) -> None:
+        """The client caught up."""
+        self.stream.response.resume()
+
+    def _fail(self, exc: StreamBroken) -> None:
+        if self._done is None or self._done.done():
+            return
+        self._down.write(self._error_event(exc))  # type: ignore[union-attr]
+        self._finish(exc.kind)
+
+    def _finish(self, outcome: str) -> None:
+        done, down = self._done, self._down
+        if done is None or done.done() or down is None:
+            return
+        self._end(self.ticket, outcome)
+        down.listen(None)
+        self.stream.response.close(drain=outcome == "ok")
+        if outcome != "client_disconnect":
+            down.end()
+        done.set_result(None)
