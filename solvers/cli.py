@@ -68,7 +68,10 @@ def register(subparsers: Any) -> None:
                      help="comma-separated (default tick: br0 + baselines; clairvoyant: all)")
     run.add_argument("--solver", default=None, help="default tick-cpsat / clairvoyant-cpsat")
     run.add_argument("--time-limit", type=float, default=None,
-                     help="seconds per solve (default 10 tick, 60 clairvoyant)")
+                     help="budget per solve in seconds (default 10 tick, 60 clairvoyant), spent "
+                          "as deterministic work (CP-SAT deterministic seconds, HiGHS/CBC nodes, "
+                          "local-search neighbours) so results do not depend on machine load; "
+                          "the wall clock stops a solve only at 10x the budget")
     run.add_argument("--gap-rel", type=float, default=0.0, help="solver relative gap tolerance")
     run.add_argument("--threads", type=int, default=1, help="solver threads")
     run.add_argument("--lp-bound", action=argparse.BooleanOptionalAction, default=None,
@@ -84,8 +87,9 @@ def register(subparsers: Any) -> None:
                           "one with pigeonhole cuts; both: aggregate + migration)")
     run.add_argument("--bound-time-limit", type=float, default=None,
                      help="clairvoyant: seconds per relaxation bound (default --time-limit)")
-    run.add_argument("--polish-iters", type=int, default=100_000,
-                     help="clairvoyant: most local-search neighbours tried on the best schedule")
+    run.add_argument("--polish-iters", type=int, default=None,
+                     help="clairvoyant: local-search neighbours tried on the best schedule "
+                          "(default: 100 per second of the search's third of --time-limit)")
     out = p.add_argument_group("output")
     out.add_argument("--csv", default=None, metavar="PATH", help="write one row per instance x policy")
     out.add_argument("--summary-only", action="store_true",
@@ -291,6 +295,9 @@ def _print_bounds(rows: list[dict]) -> None:
         share = f"{100 * r['bound_share']:.1f} %" if math.isfinite(r["bound_share"]) else "-"
         print(f"  {r['instance']}: best {_fmt(r['optimum'])}, lower bound {_fmt(r['bound'])} "
               f"({share} of best; {r['bound_method']})")
+        if r.get("wall_capped"):
+            print("    note: a wall-clock safety cap (10x the budget) stopped a solve before its "
+                  "deterministic budget: these numbers may depend on machine load")
         tops = [f"{name} {_fmt(r[f'ceiling_{key}'])}" for key, name in CEILING_NAMES.items()
                 if f"ceiling_{key}" in r]
         if tops and r["reference"] != "optimum":
