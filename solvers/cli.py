@@ -21,7 +21,7 @@ __all__ = ["register"]
 
 #: How ``gap`` names the relaxations in its ceiling line.
 CEILING_NAMES = {"aggregate": "aggregated", "partition": "pigeonhole cuts",
-                 "migration": "migration"}
+                 "migration": "migration", "binding": "partial binding (fluid model)"}
 
 
 def register(subparsers: Any) -> None:
@@ -80,11 +80,17 @@ def register(subparsers: Any) -> None:
                      help="a backend parameter (repeatable): CP-SAT SatParameters field, HiGHS "
                           "option, CBC option or the PuLP solver's keyword")
     run.add_argument("--relaxation",
-                     choices=("auto", "aggregate", "partition", "migration", "both", "all", "none"),
+                     choices=("auto", "aggregate", "partition", "migration", "binding", "both",
+                              "all", "none"),
                      default="auto",
-                     help="clairvoyant: relaxations proving the lower bound (auto: the migration "
-                          "relaxation's exact DP where it fits, else the aggregated one and the "
-                          "one with pigeonhole cuts; both: aggregate + migration)")
+                     help="clairvoyant: relaxations proving the lower bound (auto: the "
+                          "partial-binding exact DP where it fits, else the aggregated one and "
+                          "the one with pigeonhole cuts; binding: the --bound-requests largest "
+                          "bound for life, the rest migrating (exact DP) or fluid (CP-SAT) when "
+                          "the DP does not fit; both: aggregate + migration)")
+    run.add_argument("--bound-requests", type=int, default=None,
+                     help="clairvoyant: how many of the largest prompts the partial-binding "
+                          "relaxation keeps bound for life (default 8)")
     run.add_argument("--bound-time-limit", type=float, default=None,
                      help="clairvoyant: seconds per relaxation bound (default --time-limit)")
     run.add_argument("--polish-iters", type=int, default=None,
@@ -115,6 +121,8 @@ def _instances(args: argparse.Namespace) -> list:
 
     if args.instances < 1 or args.replicas < 1 or args.pool < 1:
         raise ValueError("--instances, --replicas and --pool must be >= 1")
+    if args.bound_requests is not None and args.bound_requests < 0:
+        raise ValueError("--bound-requests must be >= 0")
     if args.load:
         from .benchmarks import is_benchmark_library, load_benchmarks
 
@@ -255,7 +263,8 @@ def run_gap(args: argparse.Namespace) -> int:
         else:
             rows = clairvoyant_gap_rows(instances, relaxation=args.relaxation,
                                         bound_time_limit_s=args.bound_time_limit,
-                                        polish_iters=args.polish_iters, **common)
+                                        polish_iters=args.polish_iters,
+                                        bound_requests=args.bound_requests, **common)
     finally:
         bar.close()
 

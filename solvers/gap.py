@@ -151,6 +151,7 @@ def clairvoyant_gap_rows(
     params: dict[str, str] | None = None, log_dir: str | None = None,
     export_dir: str | None = None, relaxation: str = "auto",
     bound_time_limit_s: float | None = None, polish_iters: int | None = None,
+    bound_requests: int | None = None,
 ) -> list[dict[str, Any]]:
     """Simulate each policy on each episode, then find the best work-conserving schedule within
     a budget of ``time_limit_s`` (deterministic: :func:`deterministic_budget`): two thirds for
@@ -161,15 +162,20 @@ def clairvoyant_gap_rows(
     proven lower bound is the best of the solver's (q = 1), the LP relaxation (``lp_bound``),
     the closed form and the relaxations named by ``relaxation`` (``aggregate``, ``partition``,
     ``migration``, ``both``, ``all``, ``none``; ``auto``: see :func:`_relaxations`), CP-SAT
-    ones within ``bound_time_limit_s`` each (default ``time_limit_s``);
+    ones within ``bound_time_limit_s`` each (default ``time_limit_s``); ``binding`` keeps the
+    ``bound_requests`` largest requests bound for life (default ``BOUND_REQUESTS``);
     ``bound_method`` names the winner.
     Policies' gaps are against the best schedule (``rel_gap``) and the bound (``gap_to_bound``)."""
     from .aggregate_bound import METHODS, aggregate_bound
+    from .binding_bound import BOUND_REQUESTS, binding_bound
+    from .binding_bound import METHOD as BINDING_CPSAT
     from .bounds import clairvoyant_lp_bound, clairvoyant_trivial_bound
     from .bridge import simulate_schedule
     from .incumbent import improve_schedule
     from .migration import METHOD as MIGRATION_DP
-    from .migration import dp_fits, migration_bound_dp
+    from .migration import PARTIAL_METHOD, dp_fits, migration_bound_dp, partial_binding_dp
+
+    tied = BOUND_REQUESTS if bound_requests is None else bound_requests
 
     oracle = get_solver(solver)
     names = list(policies)
@@ -209,6 +215,23 @@ def clairvoyant_gap_rows(
         relaxed = [] if proven else _relaxations(relaxation, inst)
         agg = None
         for which in relaxed:
+            if which == "binding":
+                k_bound = min(tied, inst.num_requests)
+                exact = partial_binding_dp(inst, k_bound) if dp_fits(inst) else None
+                if exact is not None:
+                    bounds[PARTIAL_METHOD.format(k=k_bound)] = exact
+                elif relaxation == "auto":  # the DP gave up: the migration DP, or CP-SAT
+                    relaxed += ["migration"]
+                elif inst.objective == "imbalance":
+                    budget_b, cap_b = deterministic_budget(
+                        "cpsat", bound_time_limit_s or time_limit_s, threads)
+                    res = binding_bound(inst, k=k_bound, time_limit_s=cap_b, threads=threads,
+                                        seed=seed, hint=(replica, start), params=budget_b,
+                                        **_solver_options(None, f"{stem}-binding", log_dir,
+                                                          export_dir))
+                    capped = capped or _capped(res.wall_s, cap_b)
+                    bounds[BINDING_CPSAT.format(k=k_bound)] = res.bound
+                continue
             if which == "migration" and dp_fits(inst):
                 exact = migration_bound_dp(inst)
                 if exact is not None:
@@ -224,7 +247,7 @@ def clairvoyant_gap_rows(
                                   **_solver_options(None, f"{stem}-{which}", log_dir, export_dir))
             capped = capped or _capped(agg.wall_s, bound_cap)
             bounds[METHODS[which]] = agg.bound
-        ceilings = _ceilings(inst, start)
+        ceilings = _ceilings(inst, replica, start, min(tied, inst.num_requests))
         finite = {m: b for m, b in bounds.items() if math.isfinite(b)}
         method = max(finite, key=lambda m: finite[m]) if finite else "none"
         lower = finite.get(method, math.nan)
@@ -272,32 +295,41 @@ def _capped(wall_s: float, cap_s: float) -> bool:
 CEILING_MAX_SLOTS = 24
 
 
-def _ceilings(inst: ClairvoyantInstance, start: Any) -> dict[str, float]:
+def _ceilings(inst: ClairvoyantInstance, replica: Any, start: Any, k: int) -> dict[str, float]:
     """Each relaxation's value at the best schedule found: the most it could ever prove here
-    (``aggregate_bound.relaxation_at_schedule``); ``nan`` for the migration one past
-    ``CEILING_MAX_SLOTS`` slots."""
+    (``aggregate_bound.relaxation_at_schedule``; ``binding``: the partial-binding CP-SAT
+    model's, ``binding_bound.binding_at_schedule``, imbalance only); ``nan`` for the migration
+    one past ``CEILING_MAX_SLOTS`` slots."""
     from .aggregate_bound import RELAXATIONS, relaxation_at_schedule
+    from .binding_bound import binding_at_schedule
 
     big = inst.num_replicas * inst.slots > CEILING_MAX_SLOTS
-    return {name: math.nan if name == "migration" and big
-            else relaxation_at_schedule(inst, start, name) for name in RELAXATIONS}
+    out = {name: math.nan if name == "migration" and big
+           else relaxation_at_schedule(inst, start, name) for name in RELAXATIONS}
+    out["binding"] = (binding_at_schedule(inst, replica, start, k)
+                      if inst.objective == "imbalance" else math.nan)
+    return out
 
 
 #: ``--relaxation`` choices besides ``auto`` and the relaxations they run.
 RELAXATION_CHOICES = {"none": [], "aggregate": ["aggregate"], "partition": ["partition"],
-                      "migration": ["migration"], "both": ["aggregate", "migration"],
-                      "all": ["aggregate", "partition", "migration"]}
+                      "migration": ["migration"], "binding": ["binding"],
+                      "both": ["aggregate", "migration"],
+                      "all": ["aggregate", "partition", "migration", "binding"]}
 
 
 def _relaxations(relaxation: str, inst: ClairvoyantInstance) -> list[str]:
     """Which relaxations bound this episode. ``migration`` is solved by the exact DP when it
-    fits (``migration.dp_fits``), else by CP-SAT; ``auto`` is the migration DP alone when it
-    fits (it dominates the other two), else the aggregated and the pigeonhole-cut ones (a
-    stronger model can still end with a weaker proven bound when its time runs out)."""
+    fits (``migration.dp_fits``), else by CP-SAT; ``binding`` (the K largest requests bound
+    for life) by the partial-binding DP when it fits, else by its fluid CP-SAT model
+    (``binding_bound``); ``auto`` is the partial-binding DP alone when it fits (it dominates
+    the migration DP, which it falls back to when it gives up, and the other two), else the
+    aggregated and the pigeonhole-cut ones (a stronger model can still end with a weaker
+    proven bound when its time runs out)."""
     from .migration import dp_fits
 
     if relaxation == "auto":
-        return ["migration"] if dp_fits(inst) else ["aggregate", "partition"]
+        return ["binding"] if dp_fits(inst) else ["aggregate", "partition"]
     if relaxation not in RELAXATION_CHOICES:
         raise ValueError(f"relaxation={relaxation!r} must be one of auto, "
                          f"{', '.join(RELAXATION_CHOICES)}")
