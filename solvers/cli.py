@@ -71,7 +71,7 @@ def register(subparsers: Any) -> None:
                      help="budget per solve in seconds (default 10 tick, 60 clairvoyant), spent "
                           "as deterministic work (CP-SAT deterministic seconds, HiGHS/CBC nodes, "
                           "local-search neighbours) so results do not depend on machine load; "
-                          "the wall clock stops a solve only at 10x the budget")
+                          "the wall clock stops a solve only at 20x the budget")
     run.add_argument("--gap-rel", type=float, default=0.0, help="solver relative gap tolerance")
     run.add_argument("--threads", type=int, default=1, help="solver threads")
     run.add_argument("--lp-bound", action=argparse.BooleanOptionalAction, default=None,
@@ -305,7 +305,7 @@ def _print_bounds(rows: list[dict]) -> None:
         print(f"  {r['instance']}: best {_fmt(r['optimum'])}, lower bound {_fmt(r['bound'])} "
               f"({share} of best; {r['bound_method']})")
         if r.get("wall_capped"):
-            print("    note: a wall-clock safety cap (10x the budget) stopped a solve before its "
+            print("    note: a wall-clock safety cap (20x the budget) stopped a solve before its "
                   "deterministic budget: these numbers may depend on machine load")
         tops = [f"{name} {_fmt(r[f'ceiling_{key}'])}" for key, name in CEILING_NAMES.items()
                 if f"ceiling_{key}" in r]

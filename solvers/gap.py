@@ -33,7 +33,7 @@ __all__ = ["clairvoyant_gap_rows", "deterministic_budget", "heuristic_gap", "sum
 Progress = Callable[[], None] | None
 
 #: The wall-clock safety cap of a deterministic budget of t seconds: ``WALL_CAP_FACTOR`` · t.
-WALL_CAP_FACTOR = 10.0
+WALL_CAP_FACTOR = 20.0
 #: CP-SAT deterministic seconds per budget second (about a quiet core's wall second; on the
 #: shared 2-core box under load a deterministic second took 5-9 wall seconds).
 CPSAT_DETERMINISTIC_PER_SECOND = 0.5
