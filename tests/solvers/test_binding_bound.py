@@ -107,3 +107,14 @@ def test_partial_binding_dp_sits_between_migration_and_the_optimum(inst, k) -> N
     for low, high in zip(values, values[1:]):
         assert low <= high + 1e-9, (k, inst.to_json())
     assert values[-1] == pytest.approx(enumerate_clairvoyant(inst), abs=1e-9), inst.to_json()
+
+
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(episodes(max_requests=3), st.integers(0, 3))
+def test_partial_binding_dp_with_the_step_time_objective(inst, k) -> None:
+    # Σ_busy (b + a·M(k)): the same nesting, exact with every request bound.
+    inst = dataclasses.replace(inst, objective="step_time", step_b=0.03, step_a=0.01)
+    low, mid, full = (partial_binding_dp(inst, j) for j in (0, k, inst.num_requests))
+    assert low <= mid + 1e-9 and mid <= full + 1e-9
+    assert full == pytest.approx(enumerate_clairvoyant(inst), rel=1e-9), inst.to_json()
