@@ -21,7 +21,7 @@ __all__ = ["register"]
 
 #: How ``gap`` names the relaxations in its ceiling line.
 CEILING_NAMES = {"aggregate": "aggregated", "partition": "pigeonhole cuts",
-                 "migration": "migration"}
+                 "migration": "migration", "binding": "partial binding (fluid model)"}
 
 
 def register(subparsers: Any) -> None:
@@ -68,7 +68,10 @@ def register(subparsers: Any) -> None:
                      help="comma-separated (default tick: br0 + baselines; clairvoyant: all)")
     run.add_argument("--solver", default=None, help="default tick-cpsat / clairvoyant-cpsat")
     run.add_argument("--time-limit", type=float, default=None,
-                     help="seconds per solve (default 10 tick, 60 clairvoyant)")
+                     help="budget per solve in seconds (default 10 tick, 60 clairvoyant), spent "
+                          "as deterministic work (CP-SAT deterministic seconds, HiGHS/CBC nodes, "
+                          "local-search neighbours) so results do not depend on machine load; "
+                          "the wall clock stops a solve only at 20x the budget")
     run.add_argument("--gap-rel", type=float, default=0.0, help="solver relative gap tolerance")
     run.add_argument("--threads", type=int, default=1, help="solver threads")
     run.add_argument("--lp-bound", action=argparse.BooleanOptionalAction, default=None,
@@ -77,15 +80,22 @@ def register(subparsers: Any) -> None:
                      help="a backend parameter (repeatable): CP-SAT SatParameters field, HiGHS "
                           "option, CBC option or the PuLP solver's keyword")
     run.add_argument("--relaxation",
-                     choices=("auto", "aggregate", "partition", "migration", "both", "all", "none"),
+                     choices=("auto", "aggregate", "partition", "migration", "binding", "both",
+                              "all", "none"),
                      default="auto",
-                     help="clairvoyant: relaxations proving the lower bound (auto: the migration "
-                          "relaxation's exact DP where it fits, else the aggregated one and the "
-                          "one with pigeonhole cuts; both: aggregate + migration)")
+                     help="clairvoyant: relaxations proving the lower bound (auto: the "
+                          "partial-binding exact DP where it fits, else the aggregated one and "
+                          "the one with pigeonhole cuts; binding: the --bound-requests largest "
+                          "bound for life, the rest migrating (exact DP) or fluid (CP-SAT) when "
+                          "the DP does not fit; both: aggregate + migration)")
+    run.add_argument("--bound-requests", type=int, default=None,
+                     help="clairvoyant: how many of the largest prompts the partial-binding "
+                          "relaxation keeps bound for life (default 8)")
     run.add_argument("--bound-time-limit", type=float, default=None,
                      help="clairvoyant: seconds per relaxation bound (default --time-limit)")
-    run.add_argument("--polish-iters", type=int, default=100_000,
-                     help="clairvoyant: most local-search neighbours tried on the best schedule")
+    run.add_argument("--polish-iters", type=int, default=None,
+                     help="clairvoyant: local-search neighbours tried on the best schedule "
+                          "(default: 100 per second of the search's third of --time-limit)")
     out = p.add_argument_group("output")
     out.add_argument("--csv", default=None, metavar="PATH", help="write one row per instance x policy")
     out.add_argument("--summary-only", action="store_true",
@@ -111,6 +121,8 @@ def _instances(args: argparse.Namespace) -> list:
 
     if args.instances < 1 or args.replicas < 1 or args.pool < 1:
         raise ValueError("--instances, --replicas and --pool must be >= 1")
+    if args.bound_requests is not None and args.bound_requests < 0:
+        raise ValueError("--bound-requests must be >= 0")
     if args.load:
         from .benchmarks import is_benchmark_library, load_benchmarks
 
@@ -251,7 +263,8 @@ def run_gap(args: argparse.Namespace) -> int:
         else:
             rows = clairvoyant_gap_rows(instances, relaxation=args.relaxation,
                                         bound_time_limit_s=args.bound_time_limit,
-                                        polish_iters=args.polish_iters, **common)
+                                        polish_iters=args.polish_iters,
+                                        bound_requests=args.bound_requests, **common)
     finally:
         bar.close()
 
@@ -291,6 +304,9 @@ def _print_bounds(rows: list[dict]) -> None:
         share = f"{100 * r['bound_share']:.1f} %" if math.isfinite(r["bound_share"]) else "-"
         print(f"  {r['instance']}: best {_fmt(r['optimum'])}, lower bound {_fmt(r['bound'])} "
               f"({share} of best; {r['bound_method']})")
+        if r.get("wall_capped"):
+            print("    note: a wall-clock safety cap (20x the budget) stopped a solve before its "
+                  "deterministic budget: these numbers may depend on machine load")
         tops = [f"{name} {_fmt(r[f'ceiling_{key}'])}" for key, name in CEILING_NAMES.items()
                 if f"ceiling_{key}" in r]
         if tops and r["reference"] != "optimum":

@@ -6,11 +6,17 @@ optimum, or the best bound when the solver stopped early — then the gap is an 
 ``(r − h)/max(|r|, 1)`` for the F objective (maximised), ``(h − r)/max(|r|, 1)`` otherwise.
 Tick rows also carry ``capacity_gap`` = |r − h| / (G·M): the gap as a share of the barrier's
 token capacity at the start of the tick, which stays meaningful when the optimum I* is ≈ 0.
+
+Budgets are deterministic (:func:`deterministic_budget`): a time limit of t seconds is a solver
+work limit (CP-SAT deterministic seconds, HiGHS / CBC branch-and-bound nodes, local-search
+neighbours), with the wall clock only as a safety cap, so the same command gives the same
+numbers on a busy or a quiet machine (a row says ``wall_capped`` when the cap bound instead).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,9 +27,46 @@ from . import get_solver
 from .base import OPTIMAL
 from .instances import ClairvoyantInstance, TickInstance
 
-__all__ = ["clairvoyant_gap_rows", "heuristic_gap", "summarize", "tick_gap_rows"]
+__all__ = ["clairvoyant_gap_rows", "deterministic_budget", "heuristic_gap", "summarize",
+           "tick_gap_rows"]
 
 Progress = Callable[[], None] | None
+
+#: The wall-clock safety cap of a deterministic budget of t seconds: ``WALL_CAP_FACTOR`` · t.
+WALL_CAP_FACTOR = 20.0
+#: CP-SAT deterministic seconds per budget second (about a quiet core's wall second; on the
+#: shared 2-core box under load a deterministic second took 5-9 wall seconds).
+CPSAT_DETERMINISTIC_PER_SECOND = 0.5
+#: HiGHS / CBC branch-and-bound nodes per budget second (their deterministic work limit).
+NODES_PER_SECOND = 200
+#: Local-search neighbours per budget second (one neighbour: a repair and an exact evaluation).
+POLISH_ITERS_PER_SECOND = 100
+
+
+def deterministic_budget(solver: str, budget_s: float, threads: int,
+                         params: dict[str, str] | None = None) -> tuple[dict[str, str], float]:
+    """Backend parameters that stop ``solver`` after a fixed amount of work worth ``budget_s``
+    seconds, and the wall-clock safety cap (``WALL_CAP_FACTOR`` · ``budget_s``) to pass as its
+    ``time_limit_s``. CP-SAT: ``max_deterministic_time`` = ``CPSAT_DETERMINISTIC_PER_SECOND`` ·
+``budget_s`` (its deterministic seconds;
+    with ``threads > 1`` also ``interleave_search``, CP-SAT's deterministic parallel mode);
+    HiGHS ``mip_max_nodes`` / CBC ``maxNodes`` = ``NODES_PER_SECOND`` · ``budget_s`` (one thread
+    and a fixed seed make both deterministic); other PuLP solvers and the brute force: none
+    (wall clock only). ``params`` (the user's) override these."""
+    if not (math.isfinite(budget_s) and budget_s > 0):
+        raise ValueError(f"{budget_s=} must be a finite number > 0")
+    backend = solver.rsplit("-", 1)[-1]
+    nodes = str(max(1, round(NODES_PER_SECOND * budget_s)))
+    knobs: dict[str, str] = {}
+    if backend == "cpsat":
+        knobs["max_deterministic_time"] = f"{CPSAT_DETERMINISTIC_PER_SECOND * budget_s:g}"
+        if threads > 1:
+            knobs["interleave_search"] = "true"
+    elif backend == "highs":
+        knobs["mip_max_nodes"] = nodes
+    elif backend == "cbc":
+        knobs["maxNodes"] = nodes
+    return {**knobs, **(params or {})}, WALL_CAP_FACTOR * budget_s
 
 
 def heuristic_gap(value: float, reference: float, sense: str) -> float:
@@ -63,12 +106,13 @@ def tick_gap_rows(
 
     oracle = get_solver(solver)
     names = list(policies)
+    budget, cap = deterministic_budget(solver, time_limit_s, threads, params)
     rows: list[dict[str, Any]] = []
     for k, inst in enumerate(instances):
         label = inst.name or f"tick{k}"
-        opts = _solver_options({"params": params} if params else None, _safe(f"{k:03d}-{label}"),
+        opts = _solver_options({"params": budget} if budget else None, _safe(f"{k:03d}-{label}"),
                                log_dir, export_dir)
-        sol = oracle.solve(inst, time_limit_s=time_limit_s, gap_rel=gap_rel, threads=threads,
+        sol = oracle.solve(inst, time_limit_s=cap, gap_rel=gap_rel, threads=threads,
                            seed=seed, **opts)
         proven = sol.status == OPTIMAL
         reference = sol.objective if proven else sol.bound
@@ -78,7 +122,8 @@ def tick_gap_rows(
             "replicas": inst.num_replicas, "pool": inst.pool_size,
             "free_slots": int(inst.free_slots.sum()), "placed": inst.required[1],
             "solver": solver, "status": sol.status, "optimum": sol.objective, "bound": sol.bound,
-            "solver_gap": sol.gap, "solve_s": sol.wall_s, "lp_bound": lp,
+            "solver_gap": sol.gap, "solve_s": sol.wall_s, "wall_capped": _capped(sol.wall_s, cap),
+            "lp_bound": lp,
             "trivial_bound": tick_trivial_bound(inst),
             "reference": "optimum" if proven else "bound",
             "reference_value": reference, "sense": inst.sense,
@@ -105,24 +150,32 @@ def clairvoyant_gap_rows(
     threads: int = 1, seed: int = 0, lp_bound: bool = False, progress: Progress = None,
     params: dict[str, str] | None = None, log_dir: str | None = None,
     export_dir: str | None = None, relaxation: str = "auto",
-    bound_time_limit_s: float | None = None, polish_iters: int = 100_000,
+    bound_time_limit_s: float | None = None, polish_iters: int | None = None,
+    bound_requests: int | None = None,
 ) -> list[dict[str, Any]]:
     """Simulate each policy on each episode, then find the best work-conserving schedule within
-    ``time_limit_s``: two thirds for the exact model (hinted / MIP-started with the best policy's
-    schedule; coarsened schedules repaired to be work-conserving per decode step), one third
-    for a local search from the better of the two (at most ``polish_iters`` neighbours). The
+    a budget of ``time_limit_s`` (deterministic: :func:`deterministic_budget`): two thirds for
+    the exact model (hinted / MIP-started with the best policy's schedule; coarsened schedules
+    repaired to be work-conserving per decode step), one third for a local search from the
+    better of the two (``polish_iters`` neighbours, default ``POLISH_ITERS_PER_SECOND`` per
+    second of that third; 0: none). The
     proven lower bound is the best of the solver's (q = 1), the LP relaxation (``lp_bound``),
     the closed form and the relaxations named by ``relaxation`` (``aggregate``, ``partition``,
     ``migration``, ``both``, ``all``, ``none``; ``auto``: see :func:`_relaxations`), CP-SAT
-    ones within ``bound_time_limit_s`` each (default ``time_limit_s``);
+    ones within ``bound_time_limit_s`` each (default ``time_limit_s``); ``binding`` keeps the
+    ``bound_requests`` largest requests bound for life (default ``BOUND_REQUESTS``);
     ``bound_method`` names the winner.
     Policies' gaps are against the best schedule (``rel_gap``) and the bound (``gap_to_bound``)."""
     from .aggregate_bound import METHODS, aggregate_bound
+    from .binding_bound import BOUND_REQUESTS, binding_bound
+    from .binding_bound import METHOD as BINDING_CPSAT
     from .bounds import clairvoyant_lp_bound, clairvoyant_trivial_bound
     from .bridge import simulate_schedule
     from .incumbent import improve_schedule
     from .migration import METHOD as MIGRATION_DP
-    from .migration import dp_fits, migration_bound_dp
+    from .migration import PARTIAL_METHOD, dp_fits, migration_bound_dp, partial_binding_dp
+
+    tied = BOUND_REQUESTS if bound_requests is None else bound_requests
 
     oracle = get_solver(solver)
     names = list(policies)
@@ -132,11 +185,13 @@ def clairvoyant_gap_rows(
         stem = _safe(f"{k:03d}-{label}")
         runs = {name: simulate_schedule(inst, name, seed=seed) for name in names}
         best = min(runs.values(), key=lambda r: r.metrics["objective"]) if runs else None
-        opts = _solver_options({"params": params} if params else None, stem, log_dir, export_dir)
+        budget, cap = deterministic_budget(solver, time_limit_s * 2 / 3, threads, params)
+        opts = _solver_options({"params": budget} if budget else None, stem, log_dir, export_dir)
         if best is not None:
             opts["hint"] = (best.replica, best.start)
-        sol = oracle.solve(inst, time_limit_s=time_limit_s * 2 / 3, gap_rel=gap_rel,
+        sol = oracle.solve(inst, time_limit_s=cap, gap_rel=gap_rel,
                            threads=threads, seed=seed, **opts)
+        capped = _capped(sol.wall_s, cap)
         proven = sol.status == OPTIMAL and inst.step == 1
         candidates = [(sol.objective, sol.replica, sol.start)] if sol.has_solution else []
         if best is not None:
@@ -145,10 +200,14 @@ def clairvoyant_gap_rows(
             raise ValueError(f"{label}: no schedule found (no policy and no solver incumbent)")
         value, replica, start = min(candidates, key=lambda c: c[0])
         polished = value
-        if not proven and polish_iters > 0:
+        iters = (round(POLISH_ITERS_PER_SECOND * time_limit_s / 3) if polish_iters is None
+                 else polish_iters)
+        if not proven and iters > 0:
+            polish_cap = WALL_CAP_FACTOR * time_limit_s / 3
+            t0 = time.perf_counter()
             replica, start, polished = improve_schedule(
-                inst, replica, start, max_iters=polish_iters, time_limit_s=time_limit_s / 3,
-                seed=seed)
+                inst, replica, start, max_iters=iters, time_limit_s=polish_cap, seed=seed)
+            capped = capped or _capped(time.perf_counter() - t0, polish_cap)
         reference = min(value, polished)
         bounds = {"solver": sol.bound if inst.step == 1 else math.nan,
                   "lp": clairvoyant_lp_bound(inst) if lp_bound and inst.step == 1 else math.nan,
@@ -156,6 +215,23 @@ def clairvoyant_gap_rows(
         relaxed = [] if proven else _relaxations(relaxation, inst)
         agg = None
         for which in relaxed:
+            if which == "binding":
+                k_bound = min(tied, inst.num_requests)
+                exact = partial_binding_dp(inst, k_bound) if dp_fits(inst) else None
+                if exact is not None:
+                    bounds[PARTIAL_METHOD.format(k=k_bound)] = exact
+                elif relaxation == "auto":  # the DP gave up: the migration DP, or CP-SAT
+                    relaxed += ["migration"]
+                elif inst.objective == "imbalance":
+                    budget_b, cap_b = deterministic_budget(
+                        "cpsat", bound_time_limit_s or time_limit_s, threads)
+                    res = binding_bound(inst, k=k_bound, time_limit_s=cap_b, threads=threads,
+                                        seed=seed, hint=(replica, start), params=budget_b,
+                                        **_solver_options(None, f"{stem}-binding", log_dir,
+                                                          export_dir))
+                    capped = capped or _capped(res.wall_s, cap_b)
+                    bounds[BINDING_CPSAT.format(k=k_bound)] = res.bound
+                continue
             if which == "migration" and dp_fits(inst):
                 exact = migration_bound_dp(inst)
                 if exact is not None:
@@ -164,11 +240,14 @@ def clairvoyant_gap_rows(
                 if relaxation == "auto":  # the DP gave up: the cheaper CP-SAT relaxations
                     relaxed += ["aggregate", "partition"]
                     continue
-            agg = aggregate_bound(inst, time_limit_s=bound_time_limit_s or time_limit_s,
-                                  threads=threads, seed=seed, hint=start, relaxation=which,
+            bound_budget, bound_cap = deterministic_budget(
+                "cpsat", bound_time_limit_s or time_limit_s, threads)
+            agg = aggregate_bound(inst, time_limit_s=bound_cap, threads=threads, seed=seed,
+                                  hint=start, relaxation=which, params=bound_budget,
                                   **_solver_options(None, f"{stem}-{which}", log_dir, export_dir))
+            capped = capped or _capped(agg.wall_s, bound_cap)
             bounds[METHODS[which]] = agg.bound
-        ceilings = _ceilings(inst, start)
+        ceilings = _ceilings(inst, replica, start, min(tied, inst.num_requests))
         finite = {m: b for m, b in bounds.items() if math.isfinite(b)}
         method = max(finite, key=lambda m: finite[m]) if finite else "none"
         lower = finite.get(method, math.nan)
@@ -183,7 +262,7 @@ def clairvoyant_gap_rows(
             "solver": solver, "status": sol.status, "optimum": reference,
             "solver_objective": sol.objective, "bound": float(lower), "bound_method": method,
             "bound_share": float(lower / reference) if reference > 0 else math.nan,
-            "solver_gap": sol.gap, "solve_s": sol.wall_s,
+            "solver_gap": sol.gap, "solve_s": sol.wall_s, "wall_capped": capped,
             "aggregate_status": agg.status if agg else "",
             "aggregate_s": agg.wall_s if agg else 0.0,
             "model_objective": sol.info.get("model_objective", math.nan),
@@ -205,37 +284,52 @@ def clairvoyant_gap_rows(
     return rows
 
 
+def _capped(wall_s: float, cap_s: float) -> bool:
+    """True when a run took (nearly) its whole wall-clock cap: the cap, not the deterministic
+    budget, stopped it, so its result may depend on machine load."""
+    return wall_s >= 0.98 * cap_s
+
+
 #: Largest G·B for which the migration relaxation's value at a schedule is computed (its
 #: per-step exact partition is a branch and bound over the active requests).
 CEILING_MAX_SLOTS = 24
 
 
-def _ceilings(inst: ClairvoyantInstance, start: Any) -> dict[str, float]:
+def _ceilings(inst: ClairvoyantInstance, replica: Any, start: Any, k: int) -> dict[str, float]:
     """Each relaxation's value at the best schedule found: the most it could ever prove here
-    (``aggregate_bound.relaxation_at_schedule``); ``nan`` for the migration one past
-    ``CEILING_MAX_SLOTS`` slots."""
+    (``aggregate_bound.relaxation_at_schedule``; ``binding``: the partial-binding CP-SAT
+    model's, ``binding_bound.binding_at_schedule``, imbalance only); ``nan`` for the migration
+    one past ``CEILING_MAX_SLOTS`` slots."""
     from .aggregate_bound import RELAXATIONS, relaxation_at_schedule
+    from .binding_bound import binding_at_schedule
 
     big = inst.num_replicas * inst.slots > CEILING_MAX_SLOTS
-    return {name: math.nan if name == "migration" and big
-            else relaxation_at_schedule(inst, start, name) for name in RELAXATIONS}
+    out = {name: math.nan if name == "migration" and big
+           else relaxation_at_schedule(inst, start, name) for name in RELAXATIONS}
+    out["binding"] = (binding_at_schedule(inst, replica, start, k)
+                      if inst.objective == "imbalance" else math.nan)
+    return out
 
 
 #: ``--relaxation`` choices besides ``auto`` and the relaxations they run.
 RELAXATION_CHOICES = {"none": [], "aggregate": ["aggregate"], "partition": ["partition"],
-                      "migration": ["migration"], "both": ["aggregate", "migration"],
-                      "all": ["aggregate", "partition", "migration"]}
+                      "migration": ["migration"], "binding": ["binding"],
+                      "both": ["aggregate", "migration"],
+                      "all": ["aggregate", "partition", "migration", "binding"]}
 
 
 def _relaxations(relaxation: str, inst: ClairvoyantInstance) -> list[str]:
     """Which relaxations bound this episode. ``migration`` is solved by the exact DP when it
-    fits (``migration.dp_fits``), else by CP-SAT; ``auto`` is the migration DP alone when it
-    fits (it dominates the other two), else the aggregated and the pigeonhole-cut ones (a
-    stronger model can still end with a weaker proven bound when its time runs out)."""
+    fits (``migration.dp_fits``), else by CP-SAT; ``binding`` (the K largest requests bound
+    for life) by the partial-binding DP when it fits, else by its fluid CP-SAT model
+    (``binding_bound``); ``auto`` is the partial-binding DP alone when it fits (it dominates
+    the migration DP, which it falls back to when it gives up, and the other two), else the
+    aggregated and the pigeonhole-cut ones (a stronger model can still end with a weaker
+    proven bound when its time runs out)."""
     from .migration import dp_fits
 
     if relaxation == "auto":
-        return ["migration"] if dp_fits(inst) else ["aggregate", "partition"]
+        return ["binding"] if dp_fits(inst) else ["aggregate", "partition"]
     if relaxation not in RELAXATION_CHOICES:
         raise ValueError(f"relaxation={relaxation!r} must be one of auto, "
                          f"{', '.join(RELAXATION_CHOICES)}")

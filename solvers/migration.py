@@ -20,25 +20,32 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Iterable
 from functools import cache
 
 from .instances import ClairvoyantInstance
 
-__all__ = ["METHOD", "dp_fits", "migration_bound_dp", "partition_envelope"]
+__all__ = ["METHOD", "PARTIAL_METHOD", "dp_fits", "migration_bound_dp", "partial_binding_dp",
+           "partition_envelope"]
 
 #: How ``gap`` names this bound.
 METHOD = "migration relaxation (exact DP)"
+#: How ``gap`` names the partial-binding bound ({k}: how many requests are bound).
+PARTIAL_METHOD = "partial binding, {k} largest bound for life (exact DP)"
 
 
-def partition_envelope(loads: tuple[int, ...], parts: int, cap: int) -> int:
+def partition_envelope(loads: tuple[int, ...], parts: int, cap: int,
+                       base: tuple[tuple[int, int], ...] = ()) -> int:
     """P*(loads): the smallest possible maximum part load when ``loads`` are split into
-    ``parts`` parts of at most ``cap`` items (branch and bound, largest first)."""
+    ``parts`` parts of at most ``cap`` items (branch and bound, largest first). ``base``: per
+    part, a load and a count already placed there (requests bound to that replica)."""
     items = sorted(loads, reverse=True)
+    sums = [b[0] for b in base] + [0] * (parts - len(base))
+    counts = [b[1] for b in base] + [0] * (parts - len(base))
     if not items:
-        return 0
-    floor = max(items[0], -(-sum(items) // parts))
-    best = [sum(items)]
-    sums, counts = [0] * parts, [0] * parts
+        return max(sums, default=0)
+    floor = max(items[0], max(sums), -(-(sum(items) + sum(sums)) // parts))
+    best = [sum(items) + max(sums) + 1]  # above any complete placement
 
     def place(j: int, worst: int) -> bool:
         if worst >= best[0]:
@@ -60,7 +67,7 @@ def partition_envelope(loads: tuple[int, ...], parts: int, cap: int) -> int:
                     return True
         return False
 
-    place(0, 0)
+    place(0, max(sums))
     return best[0]
 
 
@@ -74,27 +81,48 @@ def dp_fits(instance: ClairvoyantInstance, max_states: int = 200_000) -> bool:
     return math.comb(n, min(n, cap)) <= max_states
 
 
-def migration_bound_dp(instance: ClairvoyantInstance, *, max_states: int = 200_000) -> float | None:
+def migration_bound_dp(instance: ClairvoyantInstance, *, bound: Iterable[int] = (),
+                       max_states: int = 200_000) -> float | None:
     """The migration relaxation's exact value (decode-step resolution), or ``None`` when the
-    search would visit more than ``max_states`` states."""
+    search would visit more than ``max_states`` states. ``bound``: requests kept bound to one
+    replica for life (the partial-binding relaxation, :func:`partial_binding_dp`); every other
+    active request is re-partitioned at every step."""
     inst = instance
     n, g_count, slots = inst.num_requests, inst.num_replicas, inst.slots
     cap = g_count * slots
     s, o, r = (tuple(int(v) for v in a) for a in (inst.prompt_len, inst.output_len, inst.release))
+    tied = frozenset(int(i) for i in bound)
     imbalance = inst.objective == "imbalance"
     horizon = dataclasses.replace(inst, step=1).model_horizon  # decode steps, as the models
-    env_cache: dict[tuple[int, ...], int] = {}
+    env_cache: dict[tuple, int] = {}
 
-    def step_cost(active: tuple[tuple[int, int], ...], k: int) -> float:
-        loads = tuple(sorted(s[i] + k - t for i, t in active))
-        if not loads:
-            return 0.0
-        env = env_cache.get(loads)
+    def step_cost(active: tuple[tuple[int, int, int], ...], k: int) -> float:
+        loads = tuple(sorted(s[i] + k - t for i, t, g in active if g < 0))
+        placed = [[0, 0] for _ in range(g_count)]
+        for i, t, g in active:
+            if g >= 0:
+                placed[g][0] += s[i] + k - t
+                placed[g][1] += 1
+        base = tuple(sorted((a, c) for a, c in placed))  # replica labels do not matter
+        key = (loads, base)
+        env = env_cache.get(key)
         if env is None:
-            env = env_cache[loads] = partition_envelope(loads, g_count, slots)
+            env = env_cache[key] = partition_envelope(loads, g_count, slots, base)
+        total = sum(s[i] + k - t for i, t, _ in active)
+        if not active:
+            return 0.0
         if imbalance:
-            return float(g_count * env - sum(loads))
+            return float(g_count * env - total)
         return inst.step_b + inst.step_a * env
+
+    def canonical(running: Iterable[tuple[int, int, int]]) -> frozenset:
+        """The state with replicas relabelled in order of their bound contents (replicas are
+        identical: relabelling changes no future cost)."""
+        running = tuple(running)
+        content = {g: tuple(sorted((i, t) for i, t, h in running if h == g)) for g in range(g_count)}
+        order = sorted(range(g_count), key=lambda g: content[g])
+        label = {g: new for new, g in enumerate(order)}
+        return frozenset((i, t, label[g] if g >= 0 else -1) for i, t, g in running)
 
     @cache
     def future(k: int, running: frozenset, waiting: frozenset) -> float:
@@ -108,13 +136,27 @@ def migration_bound_dp(instance: ClairvoyantInstance, *, max_states: int = 200_0
         free = cap - len(running)
         take = min(free, len(released))
         sizes = [take] if inst.work_conserving else range(take + 1)
+        held = [0] * g_count  # bound requests running on each replica
+        for _, _, g in running:
+            if g >= 0:
+                held[g] += 1
         best = float("inf")
         for size in sizes:
             for chosen in itertools.combinations(released, size):
-                active = tuple(sorted(running)) + tuple((i, k) for i in chosen)
-                nxt = frozenset((i, t) for i, t in active if t + o[i] > k + 1)
-                cost = step_cost(active, k) + future(k + 1, nxt, waiting - frozenset(chosen))
-                best = min(best, cost)
+                new_tied = [i for i in chosen if i in tied]
+                for places in itertools.product(range(g_count), repeat=len(new_tied)):
+                    # A replica holds at most B bound requests (the free ones move around).
+                    use = held.copy()
+                    for g in places:
+                        use[g] += 1
+                    if max(use, default=0) > slots:
+                        continue
+                    where = dict(zip(new_tied, places, strict=True))
+                    active = tuple(sorted(running)) + tuple(
+                        (i, k, where.get(i, -1)) for i in chosen)
+                    nxt = canonical(a for a in active if a[1] + o[a[0]] > k + 1)
+                    cost = step_cost(active, k) + future(k + 1, nxt, waiting - frozenset(chosen))
+                    best = min(best, cost)
         return best
 
     try:
@@ -123,3 +165,14 @@ def migration_bound_dp(instance: ClairvoyantInstance, *, max_states: int = 200_0
         return None
     finally:
         future.cache_clear()
+
+
+def partial_binding_dp(instance: ClairvoyantInstance, k: int, *,
+                       max_states: int = 200_000) -> float | None:
+    """The partial-binding relaxation's exact value: the ``k`` largest prompts bound to one
+    replica for life, the others re-partitioned at every step (``k = 0``: the migration
+    relaxation; ``k = n``: the clairvoyant optimum itself). ``None`` past ``max_states``."""
+    from .binding_bound import bound_requests
+
+    return migration_bound_dp(instance, bound=bound_requests(instance, min(k, instance.num_requests)),
+                              max_states=max_states)

@@ -2,7 +2,8 @@
 status and bound.
 
 Shared by the per-tick and clairvoyant MILPs; the models themselves live in their own modules.
-``backend`` is ``"cbc"`` (the bundled ``PULP_CBC_CMD``), ``"highs"`` (PuLP's in-process
+``backend`` is ``"cbc"`` (CBC through PuLP's ``COIN_CMD``: the ``cbcbox`` package's binary, a
+``cbc`` on the PATH, or the one PuLP 3 bundles; :func:`cbc_path`), ``"highs"`` (PuLP's in-process
 ``HiGHS`` on ``highspy``) or any name of ``pulp.listSolvers()`` (``SCIP_PY``, ``GUROBI``,
 ``CPLEX_CMD``, ...: a solver PuLP finds installed). A MIP start (``warm_start``), solver
 parameters (``params``, ``KEY=VALUE`` strings typed by the backend) and a log file
@@ -14,9 +15,9 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
-import warnings
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -24,7 +25,8 @@ from typing import Any
 
 from .base import FEASIBLE, NO_SOLUTION, OPTIMAL
 
-__all__ = ["PULP_BACKENDS", "AnyPulpBackend", "export_pulp", "pulp_solver_available", "reset_highs_threads", "solve_pulp"]
+__all__ = ["PULP_BACKENDS", "AnyPulpBackend", "cbc_path", "export_pulp", "pulp_solver_available",
+           "reset_highs_threads", "solve_pulp"]
 
 #: Python modules each named PuLP backend needs (``highspy`` for PuLP's in-process ``HiGHS``).
 PULP_BACKENDS: dict[str, tuple[str, ...]] = {"cbc": ("pulp",), "highs": ("pulp", "highspy")}
@@ -44,13 +46,37 @@ class AnyPulpBackend:
         self.name = f"{self.problem}-pulp:{backend}"
 
 
+def cbc_path() -> str | None:
+    """The CBC binary ``COIN_CMD`` runs: the ``cbcbox`` package's (PuLP's ``cbc`` extra, the
+    way PuLP 4 ships CBC), else ``cbc`` on the PATH, else the binary PuLP 3 bundles (the one its
+    deprecated ``PULP_CBC_CMD`` runs); ``None`` when there is none."""
+    from .base import modules_available
+
+    if modules_available("cbcbox"):
+        import cbcbox
+
+        path = cbcbox.cbc_bin_path()
+        if os.access(path, os.X_OK):
+            return str(path)
+    found = shutil.which("cbc")
+    if found:
+        return found
+    if modules_available("pulp"):
+        from pulp.apis import coin_api
+
+        bundled = getattr(coin_api, "pulp_cbc_path", None)
+        if bundled and os.access(bundled, os.X_OK):
+            return str(bundled)
+    return None
+
+
 def pulp_solver_available(name: str) -> bool:
     """True when PuLP can run the solver ``name`` (``cbc``, ``highs`` or a ``pulp.listSolvers()``
     name) on this machine."""
     from .base import modules_available
 
     if name in PULP_BACKENDS:
-        return modules_available(*PULP_BACKENDS[name])
+        return modules_available(*PULP_BACKENDS[name]) and (name != "cbc" or cbc_path() is not None)
     if not modules_available("pulp"):
         return False
     import pulp
@@ -126,19 +152,22 @@ def solve_pulp(
     import pulp
 
     params = dict(params or {})
+    if backend == "PULP_CBC_CMD":  # deprecated in PuLP 3, gone in 4: the same CBC via COIN_CMD
+        backend = "cbc"
     if warm_start:
         for var in prob.variables():
             var.setInitialValue(float(warm_start.get(var, 0.0)))
     if backend == "cbc":
+        path = cbc_path()
+        if path is None:
+            raise ValueError("no CBC binary: install PuLP's cbc extra (cbcbox) or put cbc on the PATH")
         with tempfile.TemporaryDirectory() as tmp:
             log = Path(log_path) if log_path else Path(tmp) / "cbc.log"
-            with warnings.catch_warnings():  # PuLP 3.x flags the bundled CBC for PuLP 4.0
-                warnings.simplefilter("ignore", DeprecationWarning)
-                cmd = pulp.PULP_CBC_CMD(
-                    msg=False, timeLimit=time_limit_s, gapRel=gap_rel, threads=threads,
-                    logPath=str(log), warmStart=bool(warm_start),
-                    options=[f"randomSeed {seed + 1}", *(f"{k} {v}" for k, v in params.items())],
-                )
+            cmd = pulp.COIN_CMD(
+                path=path, msg=False, timeLimit=time_limit_s, gapRel=gap_rel, threads=threads,
+                logPath=str(log), warmStart=bool(warm_start),
+                options=[f"randomSeed {seed + 1}", *(f"{k} {v}" for k, v in params.items())],
+            )
             prob.solve(cmd)
             text = log.read_text() if log.exists() else ""
         found = _CBC_BOUND.search(text)

@@ -127,7 +127,7 @@ class _PulpTickSolver(BackendSolver):
 
 
 class TickCbcSolver(_PulpTickSolver):
-    """Per-tick MILP solved by COIN-OR CBC through PuLP (``PULP_CBC_CMD``)."""
+    """Per-tick MILP solved by COIN-OR CBC through PuLP (``COIN_CMD``)."""
 
     name = "tick-cbc"
     backend = "cbc"

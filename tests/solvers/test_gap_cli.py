@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 
 import numpy as np
 import pytest
@@ -128,3 +129,29 @@ def test_cli_clairvoyant_pigeonhole_bound_is_printed_with_its_method(tmp_path, c
     assert main(["gap", "--load", str(path), "--policies", "br0", "--time-limit", "10",
                  "--relaxation", "aggregate", "--quiet"]) == 0
     assert "lower bound 38 (47.5 % of best; closed form)" in capsys.readouterr().out
+
+
+def test_cli_partial_binding_bound_closes_the_gap_migration_leaves(tmp_path, capsys) -> None:
+    # G = 2, B = 2, five requests, coarsened (q = 2) so the model proves nothing. Letting the
+    # requests migrate proves only 6; binding all five for life (the partial-binding DP with
+    # K = n) is the clairvoyant problem itself: 22, the best schedule (checked by brute force).
+    from balanceroute.solvers import ClairvoyantInstance
+    from balanceroute.solvers.instances import save_instance
+    from tests.solvers.brute import enumerate_clairvoyant
+
+    inst = ClairvoyantInstance(num_replicas=2, slots=2, prompt_len=[9, 24, 20, 1, 12],
+                               output_len=[2, 2, 1, 2, 2], step=2)
+    assert enumerate_clairvoyant(dataclasses.replace(inst, step=1)) == 22.0
+    path = tmp_path / "ep.json"
+    save_instance(inst, path)
+    args = ["gap", "--load", str(path), "--policies", "br0", "--time-limit", "2", "--quiet"]
+    assert main([*args, "--relaxation", "migration"]) == 0
+    assert "lower bound 6 (27.3 % of best; migration relaxation (exact DP))" in \
+        capsys.readouterr().out
+    assert main(args) == 0  # auto: the partial-binding DP, default K = 8 ≥ n
+    out = capsys.readouterr().out
+    assert ("best 22, lower bound 22 (100.0 % of best; partial binding, 5 largest bound for "
+            "life (exact DP))") in out
+    assert main([*args, "--relaxation", "binding", "--bound-requests", "2"]) == 0
+    assert "partial binding, 2 largest bound for life (exact DP)" in capsys.readouterr().out
+    assert main([*args, "--bound-requests", "-1"]) == 2
