@@ -26,6 +26,7 @@ import math
 import sys
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -52,6 +53,12 @@ keeps (``bfio-h0-lease``), and BalanceRoute's deployable and clairvoyant rows.""
 BASELINE_ROWS = ("jsq", "least_load", "bfio-h0")
 PARETO_KNOB = ("off", 1.0, 2.0, 4.0, 8.0, 16.0)
 """``ttft_slo_s`` values of the Pareto experiment (``off``: the hard 30 s deadline only)."""
+
+TWINS = (-1, 1)
+TWIN_STEP = 0.0025
+"""The noise floor of a cell: br0 run again with its ``ttft_slo_s`` moved by ∓0.25 % (two *twins*).
+The move changes a handful of decisions; how far the twins land from br0 says how far apart two
+near-identical policies can land in that cell, so a rule broken by less is not a finding."""
 
 METRICS = ("mean_imbalance", "throughput_loaded_tok_s", "tpot_ms_p95", "ttft_s_p50", "ttft_s_p99",
            "pool_wait_p99_s", "kv_lease_missed")
@@ -121,7 +128,9 @@ def declare_quality(profile: str, available: Iterable[str], *, code: str = "") -
         for w in ("azure-2024-long", "servegen-r1", "mooncake-conv")
         for rho in g["ttft_loads"] for p in have
     ]
-    return {"quality": sat + opn, "ttft_pareto": pareto, "ttft_open_loop": ttft_open}
+    twins = [replace(c, options=(*c.options, ("twin", t))) for c in sat + opn if c.policy == "br0"
+             for t in TWINS]
+    return {"quality": sat + opn + twins, "ttft_pareto": pareto, "ttft_open_loop": ttft_open}
 
 
 @lru_cache(maxsize=8)
@@ -156,6 +165,11 @@ def run_quality_cell(cell: Cell) -> list[dict[str, Any]]:
     if knob is not None:
         params["ttft_slo_s"] = None if knob == "off" else float(knob)
     policy = build_policy(cell.policy, params, train=train, test=test, seed=cell.seed)
+    twin = cell.option("twin", None)
+    if twin is not None:  # a noise-floor twin (TWINS): the same policy, its knob moved a hair
+        if getattr(policy, "ttft_slo_s", None) is None:
+            raise ValueError(f"a noise-floor twin needs a policy with ttft_slo_s on, not {cell.policy!r}")
+        policy = replace(policy, ttft_slo_s=policy.ttft_slo_s * (1 + float(twin) * TWIN_STEP))
     extra: dict[str, Any] = {}
     if load == "saturated":
         config = SimConfig(num_replicas=cell.replicas, slots=cell.slots, check_assignments=False)
@@ -181,12 +195,62 @@ def _cell_key(row: dict) -> tuple:
             int(row["seed"]), str(row.get("load", "saturated")))
 
 
+def _is_twin(row: dict) -> bool:
+    return row.get("twin") not in (None, "")
+
+
 def cells_of(rows: Iterable[dict]) -> dict[tuple, dict[str, dict]]:
-    """Rows grouped by matrix cell: key → policy → row."""
+    """Rows grouped by matrix cell: key → policy → row (noise-floor twins left out)."""
     out: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in rows:
-        out[_cell_key(r)][r["policy"]] = r
+        if not _is_twin(r):
+            out[_cell_key(r)][r["policy"]] = r
     return dict(out)
+
+
+def noise_floors(rows: Iterable[dict]) -> dict[tuple, float]:
+    """Per cell with br0 and its twins (:data:`TWINS`): the largest |ln(twin ÷ br0)| of mean
+    imbalance — the factor by which two near-identical policies already differ there."""
+    rows = list(rows)
+    twins: dict[tuple, list[float]] = defaultdict(list)
+    for r in rows:
+        if _is_twin(r):
+            twins[_cell_key(r)].append(float(r["mean_imbalance"]))
+    out = {}
+    for key, by in cells_of(rows).items():
+        if key in twins and "br0" in by and float(by["br0"]["mean_imbalance"]) > 0:
+            base = float(by["br0"]["mean_imbalance"])
+            out[key] = max(abs(math.log(max(t, 1e-12) / base)) for t in twins[key])
+    return out
+
+
+def _imbalance_rules(imb: dict[str, float]) -> dict[str, tuple[float, str]]:
+    """Per imbalance rule that applies to a cell: (left ÷ right side, one-line why); the rule
+    is broken when the ratio exceeds 1."""
+    out: dict[str, tuple[float, str]] = {}
+    if "br0" not in imb:
+        return out
+    br0 = imb["br0"]
+
+    def ratio(a: float, b: float) -> float:
+        return a / b if b > 0 else (1.0 if a <= b else math.inf)
+
+    if "brh-oracle" in imb:
+        out["oracle<=br0"] = (ratio(imb["brh-oracle"], br0),
+                              f"oracle {imb['brh-oracle']:,.0f} vs br0 {br0:,.0f}")
+    if "brh-survival" in imb:
+        out["survival<=1.02br0"] = (ratio(imb["brh-survival"], 1.02 * br0),
+                                    f"survival {imb['brh-survival']:,.0f} vs 1.02·br0 {1.02 * br0:,.0f}")
+    best = min(imb[p] for p in ("br0", "brh-survival") if p in imb)
+    if "bfio-h0" in imb:
+        out["best_br<=bfio-h0"] = (ratio(best, imb["bfio-h0"]),
+                                   f"best BR {best:,.0f} vs bfio-h0 {imb['bfio-h0']:,.0f}")
+    base = [p for p in ("jsq", "least_load") if p in imb]
+    if base:
+        worse = [p for p in base if best > imb[p]]
+        out["best_br<=baselines"] = (ratio(best, min(imb[p] for p in base)), f"best BR {best:,.0f} vs "
+                                     + ", ".join(f"{p} {imb[p]:,.0f}" for p in worse))
+    return out
 
 
 def rule_violations(rows: Iterable[dict]) -> dict[str, list[tuple[tuple, str]]]:
@@ -196,19 +260,9 @@ def rule_violations(rows: Iterable[dict]) -> dict[str, list[tuple[tuple, str]]]:
         imb = {p: float(r["mean_imbalance"]) for p, r in by.items()}
         if "br0" not in imb:
             continue
-        br0 = imb["br0"]
-        if "brh-oracle" in imb and imb["brh-oracle"] > br0:
-            bad["oracle<=br0"].append((key, f"oracle {imb['brh-oracle']:,.0f} vs br0 {br0:,.0f}"))
-        if "brh-survival" in imb and imb["brh-survival"] > 1.02 * br0:
-            bad["survival<=1.02br0"].append(
-                (key, f"survival {imb['brh-survival']:,.0f} vs 1.02·br0 {1.02 * br0:,.0f}"))
-        best = min(imb[p] for p in ("br0", "brh-survival") if p in imb)
-        if "bfio-h0" in imb and best > imb["bfio-h0"]:
-            bad["best_br<=bfio-h0"].append((key, f"best BR {best:,.0f} vs bfio-h0 {imb['bfio-h0']:,.0f}"))
-        worse = [p for p in ("jsq", "least_load") if p in imb and best > imb[p]]
-        if worse:
-            bad["best_br<=baselines"].append(
-                (key, f"best BR {best:,.0f} vs " + ", ".join(f"{p} {imb[p]:,.0f}" for p in worse)))
+        for name, (r, why) in _imbalance_rules(imb).items():
+            if r > 1:
+                bad[name].append((key, why))
         thr = {p: float(r["throughput_loaded_tok_s"]) for p, r in by.items()}
         by_imb = sorted(imb, key=lambda p: imb[p])
         by_thr = sorted(thr, key=lambda p: -thr[p])
@@ -216,6 +270,29 @@ def rule_violations(rows: Iterable[dict]) -> dict[str, list[tuple[tuple, str]]]:
             bad["throughput_ranks_like_imbalance"].append(
                 (key, "imbalance " + " < ".join(by_imb) + "; throughput " + " > ".join(by_thr)))
     return bad
+
+
+def floor_lines(rows: list[dict]) -> list[str]:
+    """The noise floor (:data:`TWINS`): how far br0's twins land from br0, and how many breaks of
+    each imbalance rule exceed their cell's floor (the ratio over the rule's bound is larger
+    than the twins' largest factor) — the breaks a near-identical policy would not produce."""
+    floors = noise_floors(rows)
+    if not floors:
+        return []
+    cells = cells_of(rows)
+    f = np.exp(np.array(sorted(floors.values()))) - 1
+    out = [f"- Noise floor (br0 against itself with ttft_slo_s moved ∓{100 * TWIN_STEP:g} %, "
+           f"{len(floors)} cells): the twins land a median {100 * float(np.median(f)):.1f} %, at "
+           f"most {100 * float(f[-1]):.1f} %, from br0; beyond that floor:"]
+    for name in ("oracle<=br0", "survival<=1.02br0", "best_br<=bfio-h0", "best_br<=baselines"):
+        broken = beyond = 0
+        for key, floor in floors.items():
+            got = _imbalance_rules({p: float(r["mean_imbalance"]) for p, r in cells[key].items()})
+            if name in got and got[name][0] > 1:
+                broken += 1
+                beyond += got[name][0] > math.exp(floor)
+        out.append(f"  - {RULES[name]}: {beyond} of its {broken} breaks")
+    return out
 
 
 def _fmt_key(key: tuple) -> str:
@@ -300,6 +377,7 @@ def context_lines(rows: list[dict]) -> list[str]:
     - the throughput rule split by mode, with the pairwise agreement and the spread between the
       rows — below capacity the offered load fixes the throughput, so the rows differ little
       there and their order is mostly noise;
+    - the noise floor (:func:`floor_lines`): which breaks exceed what br0's own twins differ by;
     - for the cells where bfio-h0 beats the best BR row: the share of requests bfio-h0 keeps in
       the pool past the KV lease (``kv_lease_missed``; BR's pool deadline places them before)."""
     cells = cells_of(rows)
@@ -332,6 +410,7 @@ def context_lines(rows: list[dict]) -> list[str]:
         n_lease = sum("bfio-h0-lease" in by for by in cells.values())
         out.append(f"- min(br0, brh-survival) ≤ bfio-h0-lease (BF-IO-H0 with the same "
                    f"{KV_LEASE_S:g} s pool deadline): {len(lease_beaten)} of {n_lease} cells break it")
+    out += floor_lines(rows)
     out += seed_lines(cells)
     beaten = [key for key, _ in rule_violations(rows)["best_br<=bfio-h0"]]
 

@@ -1,6 +1,6 @@
 """The multi-workload sweep behind the shipped BR-0 / BR-H defaults, on training data only.
 
-``python -m balanceroute.analysis.sweep_defaults [br0|brh|fill|brhfill] [--out CSV]`` runs it (nice it: it is a
+``python -m balanceroute.analysis.sweep_defaults [br0|brh|fill|brhfill|safeguard] [--out CSV]`` runs it (nice it: it is a
 few minutes of one core per part). The data never overlap what the quality matrix or Table 1
 *simulate*: the generated workloads are drawn at seeds 11 and 12 (the matrix uses 0–4), and the
 replays are slices outside every simulated (test) half: mooncake-conv rows 3,000–6,000 and
@@ -26,15 +26,16 @@ __all__ = ["training_slices"]
 G = 8
 
 
-def training_slices() -> Iterator[tuple[str, object, object]]:
-    """(label, train, test) of every training slice (module docstring)."""
+def training_slices(seeds: tuple[int, ...] = (11, 12)) -> Iterator[tuple[str, object, object]]:
+    """(label, train, test) of every training slice (module docstring); ``seeds``: those of the
+    generated workloads (``safeguard`` adds 13 and 14, still none of the matrix's 0–4)."""
     from balanceroute.core.workloads import load_workload
 
     def halves(w):
         cut = len(w) // 2
         return w.take(np.arange(cut)), w.take(np.arange(cut, len(w)))
 
-    for seed in (11, 12):
+    for seed in seeds:
         for name in ("azure-2024-long", "servegen-r1"):
             yield (f"{name}@{seed}", *halves(load_workload(name, requests=3_000, seed=seed)))
     yield ("mooncake-conv[3000:6000]",
@@ -74,16 +75,19 @@ def _brh_fill_grid() -> list[tuple[str, dict]]:
     return rows
 
 
+SAFEGUARDS = (None, 0.0, 0.02, 0.05, 0.1)
+"""``safeguard`` part: BR-H's plan against BR-0's (off, then ε), both predictors, G = 8 and 16."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one part of the sweep and write one CSV row per (slice, load, policy, params)."""
     from balanceroute.catalogue import build_policy
     from balanceroute.core.simulator import SimConfig, simulate
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=("br0", "brh", "fill", "brhfill"))
+    ap.add_argument("part", choices=("br0", "brh", "fill", "brhfill", "safeguard"))
     ap.add_argument("--out", default="-")
     args = ap.parse_args(argv)
-    sat = SimConfig(num_replicas=G, slots=64, check_assignments=False)
     out = sys.stdout if args.out == "-" else open(args.out, "w", newline="")  # noqa: SIM115
     writer = csv.writer(out)
     writer.writerow(["slice", "load", "policy", "params", "mean_imbalance", "bfio_h0_imbalance",
@@ -91,17 +95,24 @@ def main(argv: list[str] | None = None) -> int:
                      "least_load_imbalance", "jsq_ttft_s_p99", "throughput_loaded_tok_s"])
     # BR-0's ticks are judged below saturation too (open loop at 0.5 and 1.0 of JSQ's
     # saturated request rate); BR-H saturated only
-    loads = ("saturated",) if args.part in ("brh", "brhfill") else ("saturated", 0.5, 1.0)
-    grid = _brh_fill_grid() if args.part == "brhfill" else _grid(args.part)
-    for label, train, test in training_slices():
+    loads = ("saturated",) if args.part in ("brh", "brhfill", "safeguard") else ("saturated", 0.5, 1.0)
+    if args.part == "safeguard":
+        grid = [(name, dict(safeguard=e)) for name in ("brh-survival", "brh-oracle") for e in SAFEGUARDS]
+        slices = [(f"{label} G={g}", g, train, test)
+                  for label, train, test in training_slices((11, 12, 13, 14)) for g in (G, 2 * G)]
+    else:
+        grid = _brh_fill_grid() if args.part == "brhfill" else _grid(args.part)
+        slices = [(label, G, train, test) for label, train, test in training_slices()]
+    for label, replicas, train, test in slices:
         def build(name, train=train, test=test, **kw):
             return build_policy(name, kw, train=train, test=test)
 
+        sat = SimConfig(num_replicas=replicas, slots=64, check_assignments=False)
         cap = simulate(test, build("jsq"), sat).metrics["throughput_loaded_tok_s"] / test.output_len.mean()
         native = (len(test) - 1) / float(test.arrival_s.max() - test.arrival_s.min())
         for load in loads:
             cfg = sat if load == "saturated" else SimConfig(
-                num_replicas=G, slots=64, mode="open_loop", rate_scale=load * cap / native,
+                num_replicas=replicas, slots=64, mode="open_loop", rate_scale=load * cap / native,
                 check_assignments=False)
             ref = simulate(test, build("bfio-h0"), cfg).metrics
             base = simulate(test, build("br0"), cfg).metrics

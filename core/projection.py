@@ -25,8 +25,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._jit import HAVE_NUMBA, njit
+from .model import imbalance
 
-__all__ = ["departure_steps", "placement_growth", "project_loads"]
+__all__ = ["departure_steps", "placement_growth", "project_loads", "projected_cost"]
 
 
 def _departure_steps_numpy(
@@ -128,6 +129,17 @@ def placement_growth(prompt_len: NDArray, dep: NDArray, horizon: int) -> NDArray
     if s.ndim != 1 or s.shape != dp.shape or dp.dtype.kind not in "iu":
         return _placement_growth_numpy(prompt_len, dep, horizon)
     return _growth_kernel(s, dp.astype(np.int64, copy=False), int(horizon))
+
+
+def projected_cost(proj_loads: NDArray, contrib: NDArray, pool_index: NDArray, replica: NDArray,
+                   d: NDArray) -> float:
+    """``J = Σ_h d_h·I(h)``: the discounted imbalance of the loads projected over the window after
+    placing pooled request ``pool_index[j]`` on ``replica[j]`` — ``proj_loads`` (G, H+1) is L̂
+    before, and a placed request i adds its trajectory ``contrib[i]`` (H+1,), c_i(h) = s_i +
+    growth_i(h) (:func:`placement_growth`), to its replica's row."""
+    loads = np.array(proj_loads, dtype=np.float64)
+    np.add.at(loads, np.asarray(replica, dtype=np.int64), contrib[np.asarray(pool_index, dtype=np.int64)])
+    return float(imbalance(loads.T) @ np.asarray(d, dtype=np.float64))
 
 
 @njit

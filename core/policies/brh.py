@@ -10,17 +10,21 @@ import numpy as np
 from ..dynamics import KV_LEASE_S
 from ..model import discounts
 from ..predictors.base import FeatureSource, Predictor, RequestFeatures
-from ..projection import departure_steps, placement_growth, project_loads
+from ..projection import departure_steps, placement_growth, project_loads, projected_cost
 from ..state import Assignment, ClusterState, PoolView
 from ..two_stage import two_stage_assign
 from ..workloads.base import Workload
-from .br0 import check_tick_params, stage1_growth_steps
+from .br0 import BR0Policy, check_tick_params, stage1_growth_steps
 
-__all__ = ["DEFAULT_BETA_PER_REPLICA", "BRHPolicy"]
+__all__ = ["DEFAULT_BETA_PER_REPLICA", "DEFAULT_SAFEGUARD", "BRHPolicy"]
 
 DEFAULT_BETA_PER_REPLICA = 2.0
 """β = 2·G by default: overflowing the projected envelope costs twice the exact marginal (G per
 token-step) — a safety margin against forecast error (training-only sweep, README "Defaults")."""
+
+DEFAULT_SAFEGUARD = 0.05
+"""The lookahead's plan replaces BR-0's only when it projects ≥ 5 % less discounted imbalance
+(training-only sweep ``sweep_defaults safeguard``, ``papers/quality.md``)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -48,9 +52,16 @@ class BRHPolicy:
     ``fill_order``: the order in which the fill (``r_max = 0``) serves replicas — ``"level"``
     (default): the largest *fill level*, the constant Δ that maximises the paper's score of its
     margin profile m_g(h) (``papers/fill.md``); ``"margin"``: the largest current margin m_g(0).
+    ``safeguard`` (ε): each tick also computes BR-0's plan (:class:`BR0Policy` with this policy's
+    tick parameters and BR-0's own β) and keeps the lookahead's plan only when, on the same
+    projection, it lowers the discounted projected imbalance ``J = Σ_h d_h·I(h)`` below
+    (1 − ε)·J(BR-0's plan) (:func:`~balanceroute.core.projection.projected_cost`); otherwise BR-0's
+    plan is placed. The lookahead then departs from BR-0 only where its own model says it gains
+    clearly (``papers/quality.md``, "The safeguard"); ``None`` turns it off (the lookahead alone).
     Defaults H = 80, γ = 0.86,
     β = 2·G come from a training-only multi-workload sweep (README, "Defaults"); with
-    ``horizon=0, alpha=1`` and BR-0's β (``beta_per_replica``·G) the decisions are exactly BR-0's.
+    ``horizon=0, alpha=1`` and BR-0's β (``beta_per_replica``·G) the decisions are exactly BR-0's
+    (with the safeguard on, for the shipped β = 3·G: the fallback is the shipped BR-0).
     """
 
     predictor: Predictor | None = None
@@ -68,8 +79,10 @@ class BRHPolicy:
     growth_steps: float | None = None
     ttft_slo_s: float | None = 4.0
     fill_order: str = "level"
+    safeguard: float | None = DEFAULT_SAFEGUARD
     name: str = "brh"
     tick_fn: Callable[..., Assignment] = field(default=two_stage_assign, repr=False)
+    _base: BR0Policy = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if int(self.horizon) != self.horizon or self.horizon < 0:
@@ -86,6 +99,11 @@ class BRHPolicy:
             raise ValueError(f"{self.gate=} must be in [0, 1]")
         if self.fill_order not in ("level", "margin"):
             raise ValueError(f"{self.fill_order=} must be 'level' or 'margin'")
+        if self.safeguard is not None and not 0.0 <= self.safeguard < 1.0:
+            raise ValueError(f"{self.safeguard=} must be in [0, 1) (or None: off)")
+        self._base = BR0Policy(s_greedy=self.s_greedy, r_max=self.r_max, deadline_s=self.deadline_s,
+                               stage1=self.stage1, growth_steps=self.growth_steps,
+                               ttft_slo_s=self.ttft_slo_s, tick_fn=self.tick_fn)
 
     def beta_for(self, num_replicas: int) -> float:
         """β for a cluster of G replicas: ``beta``, or ``DEFAULT_BETA_PER_REPLICA·G``."""
@@ -112,7 +130,8 @@ class BRHPolicy:
         return dep[:n_act], dep[n_act:]
 
     def assign(self, state: ClusterState, pool: PoolView) -> Assignment:
-        """One BR-H tick: forecast, project L̂ (G, H+1), run the two-stage tick on it."""
+        """One BR-H tick: forecast, project L̂ (G, H+1), run the two-stage tick on it; with the
+        safeguard, place BR-0's plan unless this one projects clearly less imbalance."""
         h = int(self.horizon)
         if len(pool) == 0 or not state.free_slots.any():
             return Assignment()
@@ -120,18 +139,20 @@ class BRHPolicy:
         proj = project_loads(
             state.loads, state.active_replica, state.active_prompt + state.active_age, dep_act, h
         )
-        return self.tick_fn(
+        growth = placement_growth(pool.prompt_len, dep_pool, h)
+        d = discounts(h, self.gamma)
+        own = self.tick_fn(
             proj,
             state.free_slots,
             pool.prompt_len,
             pool.wait,
-            d=discounts(h, self.gamma),
+            d=d,
             alpha=self.alpha,
             beta=self.beta_for(state.num_replicas),
             s_greedy=self.s_greedy,
             r_max=self.r_max,
             deadline_s=self.deadline_s,
-            growth=placement_growth(pool.prompt_len, dep_pool, h),
+            growth=growth,
             score=self.score,
             stage1=self.stage1,
             growth_steps=stage1_growth_steps(
@@ -139,3 +160,12 @@ class BRHPolicy:
             ttft_slo_s=self.ttft_slo_s,
             fill_order=self.fill_order,
         )
+        if self.safeguard is None:
+            return own
+        base = self._base.assign(state, pool)
+        if np.array_equal(own.pool_index, base.pool_index) and np.array_equal(own.replica, base.replica):
+            return own
+        contrib = growth + np.asarray(pool.prompt_len, dtype=np.float64)[:, None]
+        j_own = projected_cost(proj, contrib, own.pool_index, own.replica, d)
+        j_base = projected_cost(proj, contrib, base.pool_index, base.replica, d)
+        return own if j_own < (1.0 - self.safeguard) * j_base else base

@@ -110,8 +110,11 @@ def test_horizon_zero_makes_br0_decisions(data, replicas, s_greedy, r_max, predi
         "noise": NoisePredictor(seed=1),
         None: None,
     }[predictor]
+    # the safeguard's fallback is the shipped BR-0 (β = 3·G): with that β both plans are BR-0's;
+    # with another β only the lookahead alone (safeguard None) is BR-0 at that β
     brh = BRHPolicy(predictor=pred, features=table, horizon=0, alpha=1.0,
-                    beta=beta_per_replica * replicas, s_greedy=s_greedy, r_max=r_max)
+                    beta=beta_per_replica * replicas, s_greedy=s_greedy, r_max=r_max,
+                    safeguard=0.05 if beta_per_replica == 3.0 else None)
     br0 = BR0Policy(s_greedy=s_greedy, r_max=r_max, beta_per_replica=beta_per_replica)
     a, b = brh.assign(state, view), br0.assign(state, view)
     assert a.pool_index.tolist() == b.pool_index.tolist()
@@ -172,11 +175,52 @@ def test_the_gate_ignores_unsure_forecasts():
     assert sure.assign(state, view).pool_index.tolist() == [1]
 
 
+def test_the_safeguard_keeps_br0s_plan_unless_the_lookahead_gains_clearly():
+    state, view, table = _foresight_tick()
+    kwargs = dict(predictor=Oracle(), features=table, horizon=10, gamma=1.0, beta=2.0, s_greedy=0)
+    # J over h = 0..10 (γ = 1): 600 on replica 1 → I = 600, then 2·(1000 + h) − (1000 + h) −
+    # (600 + h) = 400 ten times: 4,600; 50 → 50, then 950 ten times: 9,550. 4,600 < 0.5·9,550.
+    assert BRHPolicy(safeguard=0.5, **kwargs).assign(state, view).pool_index.tolist() == [1]
+    assert BRHPolicy(safeguard=0.55, **kwargs).assign(state, view).pool_index.tolist() == [0]
+    assert BRHPolicy(safeguard=None, **kwargs).assign(state, view).pool_index.tolist() == [1]
+
+
+def _brute_cost(state, view, table, plan, horizon, gamma):
+    """Σ_h γ^h·I(h) request by request: a request runs while its true remaining length lasts."""
+    g = state.loads.shape[0]
+    loads = np.zeros((horizon + 1, g))
+    for r, s, a, rid in zip(state.active_replica, state.active_prompt, state.active_age, state.active_ids):
+        left = table.output_len[rid] - a
+        for h in range(horizon + 1):
+            loads[h, r] += (s + a + h) if h < left else 0.0
+    for j, r in zip(plan.pool_index, plan.replica):
+        for h in range(horizon + 1):
+            loads[h, r] += (view.prompt_len[j] + h) if h < table.output_len[view.request_ids[j]] else 0.0
+    return float(sum(gamma ** h * (g * row.max() - row.sum()) for h, row in enumerate(loads)))
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=st.data(), replicas=st.integers(2, 5), eps=st.sampled_from([0.0, 0.05, 0.3]))
+def test_the_safeguard_picks_the_plan_the_brute_force_cost_prefers(data, replicas, eps):
+    state, view, table = _random_running_tick(data, replicas)
+    kwargs = dict(predictor=Oracle(), features=table, horizon=6, gamma=0.9)
+    own = BRHPolicy(safeguard=None, **kwargs).assign(state, view)
+    base = BR0Policy().assign(state, view)
+    got = BRHPolicy(safeguard=eps, **kwargs).assign(state, view)
+    validate_assignment(state, view, got)
+    j_own, j_base = (_brute_cost(state, view, table, p, 6, 0.9) for p in (own, base))
+    want = own if j_own < (1 - eps) * j_base * (1 - 1e-9) else base
+    if abs(j_own - (1 - eps) * j_base) > 1e-6 * max(j_base, 1.0):  # not a floating-point tie
+        assert got.pool_index.tolist() == want.pool_index.tolist()
+        assert got.replica.tolist() == want.replica.tolist()
+
+
 def test_parameters_are_validated():
     for bad, match in [
         (dict(horizon=-1), "horizon"), (dict(gamma=0.0), "gamma"), (dict(alpha=0.0), "alpha"),
         (dict(beta=-1.0), "beta"), (dict(r_max=13), "r_max"), (dict(gate=1.5), "gate"),
         (dict(s_greedy=-1), "s_greedy"), (dict(deadline_s=0.0), "deadline_s"),
+        (dict(safeguard=1.0), "safeguard"), (dict(safeguard=-0.1), "safeguard"),
     ]:
         with pytest.raises(ValueError, match=match):
             BRHPolicy(**bad)
