@@ -75,16 +75,16 @@ def test_noise_floor_counts_only_breaks_beyond_the_twins():
     a = dict(workload="w", replicas=8, requests=3000, seed=0, load="saturated")
     b = {**a, "seed": 1}
     rows = _rows(a, br0=100.0, **{"brh-oracle": 105.0, "bfio-h0": 80.0})   # twins ±10 %
-    rows += _rows({**a, "twin": -1}, br0=90.0) + _rows({**a, "twin": 1}, br0=110.0)
+    rows += _rows({**a, "twin": "knob"}, br0=90.0) + _rows({**a, "twin": "drop"}, br0=110.0)
     rows += _rows(b, br0=100.0, **{"brh-oracle": 130.0, "bfio-h0": 95.0})  # twins ±1 %
-    rows += _rows({**b, "twin": -1}, br0=99.0) + _rows({**b, "twin": 1}, br0=101.0)
+    rows += _rows({**b, "twin": "knob"}, br0=99.0) + _rows({**b, "twin": "drop"}, br0=101.0)
     floors = noise_floors(rows)
     assert floors[("w", 8, 3000, 0, "saturated")] == pytest.approx(math.log(1 / 0.9))
     assert floors[("w", 8, 3000, 1, "saturated")] == pytest.approx(math.log(1 / 0.99))
     # twins are not rows of the matrix: they join no rule and no table
     assert len(rule_violations(rows)["oracle<=br0"]) == 2 and len(matrix_lines(rows)) == 2 + 2
     lines = floor_lines(rows)
-    assert "2 cells): the twins land a median 6.1 %, at most 11.1 %, from br0" in lines[0]
+    assert "2 cells): the farther twin lands a median 6.1 %, at most 11.1 %, from br0" in lines[0]
     # oracle: 1.05 is inside cell a's 11 % floor, 1.30 beyond cell b's 1 %; bfio-h0: 100/80 =
     # 1.25 beyond 11 %, 100/95 = 1.053 beyond 1 %
     assert lines[1].endswith("brh-oracle ≤ br0: 1 of its 2 breaks")
@@ -118,8 +118,11 @@ def test_one_saturated_and_one_open_loop_cell():
     knob = run_quality_cell(Cell(policy="br0", options=(("load", "saturated"), ("ttft_slo_s", "off")),
                                  **base))[0]
     assert knob["ttft_s_p99"] >= sat["ttft_s_p99"]  # the urgency term shortens the tail
-    twin = run_quality_cell(Cell(policy="br0", options=(("load", "saturated"), ("twin", 1)), **base))[0]
-    assert twin["mean_imbalance"] > 0 and twin["throughput_loaded_tok_s"] > 0
+    for twin in ("knob", "drop"):
+        row = run_quality_cell(Cell(policy="br0", options=(("load", "saturated"), ("twin", twin)), **base))[0]
+        assert row["mean_imbalance"] > 0 and row["throughput_loaded_tok_s"] > 0
+    with pytest.raises(ValueError, match="twin 'x'"):
+        run_quality_cell(Cell(policy="br0", options=(("load", "saturated"), ("twin", "x")), **base))
     opened = run_quality_cell(Cell(policy="jsq", options=(("load", 0.5),), **base))[0]
     cap = saturated_capacity("azure-conv-2023", 600, 0, 4, 8)
     assert opened["capacity_rps"] == cap
