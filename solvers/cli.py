@@ -21,7 +21,8 @@ __all__ = ["register"]
 
 #: How ``gap`` names the relaxations in its ceiling line.
 CEILING_NAMES = {"aggregate": "aggregated", "partition": "pigeonhole cuts",
-                 "migration": "migration", "binding": "partial binding (fluid model)"}
+                 "migration": "migration", "binding_exact": "partial binding (exact)",
+                 "binding": "partial binding (fluid model)"}
 
 
 def register(subparsers: Any) -> None:

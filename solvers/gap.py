@@ -297,15 +297,18 @@ CEILING_MAX_SLOTS = 24
 
 def _ceilings(inst: ClairvoyantInstance, replica: Any, start: Any, k: int) -> dict[str, float]:
     """Each relaxation's value at the best schedule found: the most it could ever prove here
-    (``aggregate_bound.relaxation_at_schedule``; ``binding``: the partial-binding CP-SAT
+    (``aggregate_bound.relaxation_at_schedule``; ``binding_exact``: the partial-binding
+    relaxation's, ``migration.partial_binding_at_schedule``; ``binding``: its fluid CP-SAT
     model's, ``binding_bound.binding_at_schedule``, imbalance only); ``nan`` for the migration
-    one past ``CEILING_MAX_SLOTS`` slots."""
+    and the exact partial-binding ones past ``CEILING_MAX_SLOTS`` slots."""
     from .aggregate_bound import RELAXATIONS, relaxation_at_schedule
     from .binding_bound import binding_at_schedule
+    from .migration import partial_binding_at_schedule
 
     big = inst.num_replicas * inst.slots > CEILING_MAX_SLOTS
     out = {name: math.nan if name == "migration" and big
            else relaxation_at_schedule(inst, start, name) for name in RELAXATIONS}
+    out["binding_exact"] = math.nan if big else partial_binding_at_schedule(inst, replica, start, k)
     out["binding"] = (binding_at_schedule(inst, replica, start, k)
                       if inst.objective == "imbalance" else math.nan)
     return out

@@ -22,11 +22,14 @@ import itertools
 import math
 from collections.abc import Iterable
 from functools import cache
+from typing import Any
+
+import numpy as np
 
 from .instances import ClairvoyantInstance
 
 __all__ = ["METHOD", "PARTIAL_METHOD", "dp_fits", "migration_bound_dp", "partial_binding_dp",
-           "partition_envelope"]
+           "partial_binding_at_schedule", "partition_envelope"]
 
 #: How ``gap`` names this bound.
 METHOD = "migration relaxation (exact DP)"
@@ -71,6 +74,31 @@ def partition_envelope(loads: tuple[int, ...], parts: int, cap: int,
     return best[0]
 
 
+def _step_cost(inst: ClairvoyantInstance, active: list[tuple[int, int]],
+               cache: dict[tuple, int]) -> float:
+    """One decode step's cost when the ``active`` (load, replica) pairs with replica ≥ 0 stay
+    where they are and those with replica −1 are re-partitioned as well as possible:
+    G·P* − Σ loads (imbalance) or b + a·P* (step time; 0 when idle), with P* the
+    :func:`partition_envelope` of the free loads given the bound ones. ``cache`` memoises P*."""
+    if not active:
+        return 0.0
+    g_count = inst.num_replicas
+    loads = tuple(sorted(load for load, g in active if g < 0))
+    placed = [[0, 0] for _ in range(g_count)]
+    for load, g in active:
+        if g >= 0:
+            placed[g][0] += load
+            placed[g][1] += 1
+    base = tuple(sorted((a, c) for a, c in placed))  # replica labels do not matter
+    key = (loads, base)
+    env = cache.get(key)
+    if env is None:
+        env = cache[key] = partition_envelope(loads, g_count, inst.slots, base)
+    if inst.objective == "imbalance":
+        return float(g_count * env - sum(load for load, _ in active))
+    return inst.step_b + inst.step_a * env
+
+
 class _TooLarge(Exception):
     pass
 
@@ -92,28 +120,11 @@ def migration_bound_dp(instance: ClairvoyantInstance, *, bound: Iterable[int] = 
     cap = g_count * slots
     s, o, r = (tuple(int(v) for v in a) for a in (inst.prompt_len, inst.output_len, inst.release))
     tied = frozenset(int(i) for i in bound)
-    imbalance = inst.objective == "imbalance"
     horizon = dataclasses.replace(inst, step=1).model_horizon  # decode steps, as the models
     env_cache: dict[tuple, int] = {}
 
     def step_cost(active: tuple[tuple[int, int, int], ...], k: int) -> float:
-        loads = tuple(sorted(s[i] + k - t for i, t, g in active if g < 0))
-        placed = [[0, 0] for _ in range(g_count)]
-        for i, t, g in active:
-            if g >= 0:
-                placed[g][0] += s[i] + k - t
-                placed[g][1] += 1
-        base = tuple(sorted((a, c) for a, c in placed))  # replica labels do not matter
-        key = (loads, base)
-        env = env_cache.get(key)
-        if env is None:
-            env = env_cache[key] = partition_envelope(loads, g_count, slots, base)
-        total = sum(s[i] + k - t for i, t, _ in active)
-        if not active:
-            return 0.0
-        if imbalance:
-            return float(g_count * env - total)
-        return inst.step_b + inst.step_a * env
+        return _step_cost(inst, [(s[i] + k - t, g) for i, t, g in active], env_cache)
 
     def canonical(running: Iterable[tuple[int, int, int]]) -> frozenset:
         """The state with replicas relabelled in order of their bound contents (replicas are
@@ -176,3 +187,31 @@ def partial_binding_dp(instance: ClairvoyantInstance, k: int, *,
 
     return migration_bound_dp(instance, bound=bound_requests(instance, min(k, instance.num_requests)),
                               max_states=max_states)
+
+
+def partial_binding_at_schedule(instance: ClairvoyantInstance, replica: Any, start: Any,
+                                k: int) -> float:
+    """The partial-binding relaxation's value at one schedule (decode steps): its starts and
+    its ``k`` largest prompts' replicas kept, every other active request re-partitioned as well
+    as possible at every step. A feasible (and, when the instance asks, work-conserving)
+    schedule is a schedule of that relaxation, so the value is at least the relaxation's
+    optimum — the most :func:`partial_binding_dp` could prove — and at most the schedule's own
+    objective (``k = 0``: the migration relaxation's value at these starts; ``k = n``: the
+    schedule's objective). ``ValueError`` for an infeasible or, where required,
+    non-work-conserving schedule."""
+    from .binding_bound import bound_requests
+    from .clairvoyant_eval import fine_loads, is_work_conserving
+
+    rep, st = np.asarray(replica, dtype=np.int64), np.asarray(start, dtype=np.int64)
+    fine_loads(instance, rep, st)  # releases, replicas and slots
+    if instance.work_conserving and not is_work_conserving(instance, rep, st):
+        raise ValueError("not work-conserving: a request waits at a step with a slot free")
+    tied = set(bound_requests(instance, min(k, instance.num_requests)))
+    s, o = instance.prompt_len, instance.output_len
+    cache: dict[tuple, int] = {}
+    total = 0.0
+    for step in range(int((st + o).max())):
+        live = np.flatnonzero((st <= step) & (step < st + o))
+        total += _step_cost(instance, [(int(s[i] + step - st[i]), int(rep[i]) if i in tied else -1)
+                                       for i in live], cache)
+    return total

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from balanceroute.solvers import ClairvoyantInstance
+from balanceroute.solvers.aggregate_bound import relaxation_at_schedule
 from balanceroute.solvers.binding_bound import (
     binding_at_schedule,
     binding_bound,
@@ -18,7 +19,12 @@ from balanceroute.solvers.binding_bound import (
     fill_caps,
 )
 from balanceroute.solvers.bridge import simulate_schedule
-from balanceroute.solvers.migration import migration_bound_dp, partial_binding_dp
+from balanceroute.solvers.clairvoyant_eval import schedule_objective
+from balanceroute.solvers.migration import (
+    migration_bound_dp,
+    partial_binding_at_schedule,
+    partial_binding_dp,
+)
 from tests.solvers.brute import enumerate_clairvoyant
 from tests.solvers.extras import needs
 
@@ -118,3 +124,35 @@ def test_partial_binding_dp_with_the_step_time_objective(inst, k) -> None:
     low, mid, full = (partial_binding_dp(inst, j) for j in (0, k, inst.num_requests))
     assert low <= mid + 1e-9 and mid <= full + 1e-9
     assert full == pytest.approx(enumerate_clairvoyant(inst), rel=1e-9), inst.to_json()
+
+
+@PROPERTY
+@given(episodes(max_requests=4), st.integers(0, 4))
+def test_partial_binding_at_a_schedule_caps_the_dp(inst, k) -> None:
+    # A policy's schedule is a schedule of the relaxation: its value there is at least the
+    # relaxation's optimum (the DP) and at most the schedule's own objective; nothing bound is
+    # the migration relaxation's value at the same starts, everything bound the objective.
+    run = simulate_schedule(inst, "br0")
+    n = inst.num_requests
+    values = [partial_binding_at_schedule(inst, run.replica, run.start, j)
+              for j in (0, k, k + 1, n)]
+    assert values[0] == relaxation_at_schedule(inst, run.start, "migration")
+    for low, high in zip(values, values[1:]):
+        assert low <= high + 1e-9, (k, inst.to_json())
+    assert values[-1] == pytest.approx(schedule_objective(inst, run.replica, run.start), abs=1e-9)
+    assert partial_binding_dp(inst, k) <= values[1] + 1e-9, (k, inst.to_json())
+
+
+def test_partial_binding_at_a_schedule_by_hand() -> None:
+    # G = 2, B = 2, prompts 9, 8, 7, 6, one step, {9, 8} on replica 0 and {7, 6} on replica 1:
+    # I = 2·17 − 30 = 4. Binding {9, 8} (k = 2) keeps that pair together: the best completion
+    # puts 7 and 6 on the other replica, 4 again; binding only 9 (k = 1) lets 8 move: {9, 6} |
+    # {8, 7}, I = 0.
+    inst = ClairvoyantInstance(num_replicas=2, slots=2, prompt_len=[9, 8, 7, 6],
+                               output_len=[1, 1, 1, 1])
+    rep, start = [0, 0, 1, 1], [0, 0, 0, 0]
+    assert [partial_binding_at_schedule(inst, rep, start, k) for k in (1, 2, 4)] == [0.0, 4.0, 4.0]
+    with pytest.raises(ValueError, match="slots"):
+        partial_binding_at_schedule(inst, [0, 0, 0, 1], start, 1)
+    with pytest.raises(ValueError, match="work-conserving"):
+        partial_binding_at_schedule(inst, rep, [0, 0, 0, 1], 1)

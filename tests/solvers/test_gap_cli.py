@@ -123,9 +123,10 @@ def test_cli_clairvoyant_pigeonhole_bound_is_printed_with_its_method(tmp_path, c
     out = capsys.readouterr().out
     assert ("best 80, lower bound 80 (100.0 % of best; aggregated relaxation with pigeonhole "
             "cuts (CP-SAT))") in out
-    # Each relaxation's value at the best schedule (all start at 0): 20 + 18, then 40 + 40.
+    # Each relaxation's value at the best schedule (all start at 0): 20 + 18, then 40 + 40;
+    # the partial binding with every request bound (K = 8 ≥ n) is the schedule's own value.
     assert ("the most each relaxation could prove (its value at the best schedule): aggregated "
-            "38, pigeonhole cuts 80, migration 80") in out
+            "38, pigeonhole cuts 80, migration 80, partial binding (exact) 80") in out
     assert main(["gap", "--load", str(path), "--policies", "br0", "--time-limit", "10",
                  "--relaxation", "aggregate", "--quiet"]) == 0
     assert "lower bound 38 (47.5 % of best; closed form)" in capsys.readouterr().out
