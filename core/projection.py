@@ -25,7 +25,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._jit import HAVE_NUMBA, njit
-from .model import imbalance
 
 __all__ = ["departure_steps", "placement_growth", "project_loads", "projected_cost"]
 
@@ -132,14 +131,16 @@ def placement_growth(prompt_len: NDArray, dep: NDArray, horizon: int) -> NDArray
 
 
 def projected_cost(proj_loads: NDArray, contrib: NDArray, pool_index: NDArray, replica: NDArray,
-                   d: NDArray) -> float:
-    """``J = Σ_h d_h·I(h)``: the discounted imbalance of the loads projected over the window after
-    placing pooled request ``pool_index[j]`` on ``replica[j]`` — ``proj_loads`` (G, H+1) is L̂
-    before, and a placed request i adds its trajectory ``contrib[i]`` (H+1,), c_i(h) = s_i +
-    growth_i(h) (:func:`placement_growth`), to its replica's row."""
+                   d: NDArray, weight: float = 1.0) -> float:
+    """``J = Σ_h d_h·(w·G·M(h) − Σ_g L_g(h))`` of the loads projected over the window after placing
+    pooled request ``pool_index[j]`` on ``replica[j]`` — ``proj_loads`` (G, H+1) is L̂ before, and a
+    placed request i adds its trajectory ``contrib[i]`` (H+1,), c_i(h) = s_i + growth_i(h)
+    (:func:`placement_growth`), to its replica's row. ``weight`` w = 1 is the discounted imbalance
+    Σ_h d_h·I(h); w = β/G is the cost whose marginal is BR-0's F with overflow weight β."""
     loads = np.array(proj_loads, dtype=np.float64)
     np.add.at(loads, np.asarray(replica, dtype=np.int64), contrib[np.asarray(pool_index, dtype=np.int64)])
-    return float(imbalance(loads.T) @ np.asarray(d, dtype=np.float64))
+    per_step = weight * loads.shape[0] * loads.max(axis=0) - loads.sum(axis=0)
+    return float(per_step @ np.asarray(d, dtype=np.float64))
 
 
 @njit

@@ -161,7 +161,8 @@ def test_oracle_foresees_the_departure_br0_cannot():
 
 def test_the_gate_ignores_unsure_forecasts():
     state, view, table = _foresight_tick()
-    kwargs = dict(features=table, horizon=10, gamma=1.0, beta=2.0, s_greedy=0)
+    # the lookahead's own decisions (the safeguard is off; it is tested below)
+    kwargs = dict(features=table, horizon=10, gamma=1.0, beta=2.0, s_greedy=0, safeguard=None)
     # p_fin = 0.49 that replica 1's request ends: below the gate it stays → BR-0's choice
     unsure = BRHPolicy(predictor=_EndsNext(0.49), **kwargs)
     np.testing.assert_array_equal(unsure.forecast(state, view)[0], [11, 11])
@@ -178,15 +179,23 @@ def test_the_gate_ignores_unsure_forecasts():
 def test_the_safeguard_keeps_br0s_plan_unless_the_lookahead_gains_clearly():
     state, view, table = _foresight_tick()
     kwargs = dict(predictor=Oracle(), features=table, horizon=10, gamma=1.0, beta=2.0, s_greedy=0)
-    # J over h = 0..10 (γ = 1): 600 on replica 1 → I = 600, then 2·(1000 + h) − (1000 + h) −
-    # (600 + h) = 400 ten times: 4,600; 50 → 50, then 950 ten times: 9,550. 4,600 < 0.5·9,550.
+    # J over h = 0..10 (γ = 1) with w = 1 (the imbalance): 600 on replica 1 → I = 600, then
+    # 2·(1000 + h) − (1000 + h) − (600 + h) = 400 ten times: 4,600; 50 → 50, then 950: 9,550
     assert BRHPolicy(safeguard=0.5, **kwargs).assign(state, view).pool_index.tolist() == [1]
     assert BRHPolicy(safeguard=0.55, **kwargs).assign(state, view).pool_index.tolist() == [0]
-    assert BRHPolicy(safeguard=None, **kwargs).assign(state, view).pool_index.tolist() == [1]
+    # w = 3 (BR-0's β/G): J = Σ_h 3·2·M(h) − ΣL(h). 600: 3·2·1600 − 2600 = 7,000 at
+    # h = 0, then 6·(1000 + h) − (1600 + 2h) = 4,400 + 4h: 7,000 + 44,220 = 51,220; 50: 6·1050 −
+    # 2050 = 4,250, then 6·(1000 + h) − (1050 + 2h) = 4,950 + 4h: 4,250 + 49,720 = 53,970.
+    # 51,220 / 53,970 = 0.949: kept at ε = 0.05, not at ε = 0.06
+    w3 = dict(safeguard_weight=3.0, **kwargs)
+    assert BRHPolicy(safeguard=0.05, **w3).assign(state, view).pool_index.tolist() == [1]
+    assert BRHPolicy(safeguard=0.06, **w3).assign(state, view).pool_index.tolist() == [0]
+    assert BRHPolicy(safeguard=None, **w3).assign(state, view).pool_index.tolist() == [1]
 
 
-def _brute_cost(state, view, table, plan, horizon, gamma):
-    """Σ_h γ^h·I(h) request by request: a request runs while its true remaining length lasts."""
+def _brute_cost(state, view, table, plan, horizon, gamma, w):
+    """Σ_h γ^h·(w·G·M(h) − ΣL(h)) request by request: a request runs while its true remaining
+    length lasts."""
     g = state.loads.shape[0]
     loads = np.zeros((horizon + 1, g))
     for r, s, a, rid in zip(state.active_replica, state.active_prompt, state.active_age, state.active_ids):
@@ -196,19 +205,20 @@ def _brute_cost(state, view, table, plan, horizon, gamma):
     for j, r in zip(plan.pool_index, plan.replica):
         for h in range(horizon + 1):
             loads[h, r] += (view.prompt_len[j] + h) if h < table.output_len[view.request_ids[j]] else 0.0
-    return float(sum(gamma ** h * (g * row.max() - row.sum()) for h, row in enumerate(loads)))
+    return float(sum(gamma ** h * (w * g * row.max() - row.sum()) for h, row in enumerate(loads)))
 
 
 @settings(max_examples=120, deadline=None)
-@given(data=st.data(), replicas=st.integers(2, 5), eps=st.sampled_from([0.0, 0.05, 0.3]))
-def test_the_safeguard_picks_the_plan_the_brute_force_cost_prefers(data, replicas, eps):
+@given(data=st.data(), replicas=st.integers(2, 5), eps=st.sampled_from([0.0, 0.05, 0.3]),
+       weight=st.sampled_from([1.0, 2.5, 3.0]))
+def test_the_safeguard_picks_the_plan_the_brute_force_cost_prefers(data, replicas, eps, weight):
     state, view, table = _random_running_tick(data, replicas)
-    kwargs = dict(predictor=Oracle(), features=table, horizon=6, gamma=0.9)
+    kwargs = dict(predictor=Oracle(), features=table, horizon=6, gamma=0.9, safeguard_weight=weight)
     own = BRHPolicy(safeguard=None, **kwargs).assign(state, view)
     base = BR0Policy().assign(state, view)
     got = BRHPolicy(safeguard=eps, **kwargs).assign(state, view)
     validate_assignment(state, view, got)
-    j_own, j_base = (_brute_cost(state, view, table, p, 6, 0.9) for p in (own, base))
+    j_own, j_base = (_brute_cost(state, view, table, p, 6, 0.9, weight) for p in (own, base))
     want = own if j_own < (1 - eps) * j_base * (1 - 1e-9) else base
     if abs(j_own - (1 - eps) * j_base) > 1e-6 * max(j_base, 1.0):  # not a floating-point tie
         assert got.pool_index.tolist() == want.pool_index.tolist()
@@ -221,6 +231,7 @@ def test_parameters_are_validated():
         (dict(beta=-1.0), "beta"), (dict(r_max=13), "r_max"), (dict(gate=1.5), "gate"),
         (dict(s_greedy=-1), "s_greedy"), (dict(deadline_s=0.0), "deadline_s"),
         (dict(safeguard=1.0), "safeguard"), (dict(safeguard=-0.1), "safeguard"),
+        (dict(safeguard_weight=0.5), "safeguard_weight"), (dict(safeguard_weight=np.inf), "safeguard_weight"),
     ]:
         with pytest.raises(ValueError, match=match):
             BRHPolicy(**bad)
@@ -277,7 +288,7 @@ def test_unbound_policy_uses_the_state_it_is_given():
     state, view, _ = _foresight_tick()
     # at age 100, three of four training outputs end next step: p_fin = 0.75, ĉ = 3.25 → h = 4
     brh = BRHPolicy(predictor=EmpiricalSurvival.from_lengths(np.array([101, 101, 101, 5000])), horizon=10,
-                    gamma=1.0, beta=2.0, s_greedy=0)
+                    gamma=1.0, beta=2.0, s_greedy=0, safeguard=None)
     out = brh.assign(state, view)
     validate_assignment(state, view, out)
     np.testing.assert_array_equal(brh.forecast(state, view)[0], [11, 4])
