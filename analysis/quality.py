@@ -214,20 +214,36 @@ def cells_of(rows: Iterable[dict]) -> dict[tuple, dict[str, dict]]:
     return dict(out)
 
 
-def noise_floors(rows: Iterable[dict]) -> dict[tuple, float]:
-    """Per cell with br0 and its twins (:data:`TWINS`): the largest |ln(twin ÷ br0)| of mean
-    imbalance — the factor by which two near-identical policies already differ there."""
+def noise_floors(rows: Iterable[dict], metric: str = "mean_imbalance") -> dict[tuple, float]:
+    """Per cell with br0 and its twins (:data:`TWINS`): the largest |ln(twin ÷ br0)| of
+    ``metric`` — the factor by which two near-identical runs already differ there."""
     rows = list(rows)
     twins: dict[tuple, list[float]] = defaultdict(list)
     for r in rows:
         if _is_twin(r):
-            twins[_cell_key(r)].append(float(r["mean_imbalance"]))
+            twins[_cell_key(r)].append(float(r[metric]))
     out = {}
     for key, by in cells_of(rows).items():
-        if key in twins and "br0" in by and float(by["br0"]["mean_imbalance"]) > 0:
-            base = float(by["br0"]["mean_imbalance"])
+        if key in twins and "br0" in by and float(by["br0"][metric]) > 0:
+            base = float(by["br0"][metric])
             out[key] = max(abs(math.log(max(t, 1e-12) / base)) for t in twins[key])
     return out
+
+
+def _discordant_beyond(by: dict[str, dict], imb_floor: float, thr_floor: float) -> tuple[bool, bool]:
+    """(throughput orders the rows unlike imbalance, and some pair does so by more than both
+    floors): a pair a, b with less imbalance but less throughput for a, |ln| of both gaps over
+    the cell's imbalance and throughput floors."""
+    imb = {p: float(r["mean_imbalance"]) for p, r in by.items()}
+    thr = {p: float(r["throughput_loaded_tok_s"]) for p, r in by.items()}
+    broken = beyond = False
+    for a in imb:
+        for b in imb:
+            if imb[a] < imb[b] and thr[a] < thr[b]:
+                broken = True
+                beyond |= (math.log(imb[b] / max(imb[a], 1e-12)) > imb_floor
+                           and math.log(thr[b] / max(thr[a], 1e-12)) > thr_floor)
+    return broken, beyond
 
 
 def _imbalance_rules(imb: dict[str, float]) -> dict[str, tuple[float, str]]:
@@ -280,8 +296,9 @@ def rule_violations(rows: Iterable[dict]) -> dict[str, list[tuple[tuple, str]]]:
 
 def floor_lines(rows: list[dict]) -> list[str]:
     """The noise floor (:data:`TWINS`): how far br0's twins land from br0, and how many breaks of
-    each imbalance rule exceed their cell's floor (the ratio over the rule's bound is larger
-    than the twins' largest factor) — the breaks a near-identical policy would not produce."""
+    each rule exceed their cell's floor (the ratio over an imbalance rule's bound is larger than
+    the twins' largest factor; for the throughput rule, :func:`_discordant_beyond`) — the breaks
+    a near-identical run would not produce."""
     floors = noise_floors(rows)
     if not floors:
         return []
@@ -299,6 +316,15 @@ def floor_lines(rows: list[dict]) -> list[str]:
                 broken += 1
                 beyond += got[name][0] > math.exp(floor)
         out.append(f"  - {RULES[name]}: {beyond} of its {broken} breaks")
+    thr_floors = noise_floors(rows, "throughput_loaded_tok_s")
+    broken = beyond = 0
+    for key, floor in floors.items():
+        b, x = _discordant_beyond(cells[key], floor, thr_floors.get(key, 0.0))
+        broken += b
+        beyond += x
+    out.append(f"  - {RULES['throughput_ranks_like_imbalance']}: {beyond} of its {broken} breaks "
+               "(a pair ordered unlike imbalance with both gaps over the cell's imbalance and "
+               "throughput floors)")
     return out
 
 

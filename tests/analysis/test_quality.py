@@ -89,6 +89,15 @@ def test_noise_floor_counts_only_breaks_beyond_the_twins():
     # 1.25 beyond 11 %, 100/95 = 1.053 beyond 1 %
     assert lines[1].endswith("brh-oracle ≤ br0: 1 of its 2 breaks")
     assert lines[3].endswith("≤ bfio-h0: 2 of its 2 breaks")
+    # _rows gives throughput 1e6 / imbalance: every pair ordered alike, no break
+    assert "imbalance does: 0 of its 0 breaks" in lines[5]
+    # floors: a ±10.5 % (imbalance) and 10.5 % (throughput, from the twins' 1e6 / imbalance); b 1 %
+    rows[1]["throughput_loaded_tok_s"] = 20_000.0  # a: oracle (105) out-runs bfio-h0 (80, 12,500)
+    rows[6]["throughput_loaded_tok_s"] = 10_050.0  # b: oracle (130) 0.5 % over br0's (100, 10,000)
+    lines = floor_lines(rows)
+    # a: oracle vs bfio-h0 is discordant by ln(105/80) and ln(1.6), both over 10.5 % (oracle vs br0,
+    # 5 % in imbalance, is not); b: oracle vs br0's 0.5 % throughput gap is inside b's 1 %
+    assert "imbalance does: 1 of its 2 breaks" in lines[5]
     assert floor_lines(_rows(a, br0=1.0)) == []
 
 
