@@ -21,10 +21,11 @@ from __future__ import annotations
 import asyncio
 import re
 import ssl
+from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from .http1 import MAX_LINE, ChunkedDecoder, UpstreamError, parse_head
+from .http1 import MAX_LINE, ChunkedDecoder, UpstreamError, parse_head, whole_chunk
 
 __all__ = ["BodySink", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
 
@@ -152,6 +153,10 @@ class BodySink(Protocol):
     def on_error(self, exc: UpstreamError) -> None:
         """The body broke: connection lost, bad framing, or the read timeout."""
 
+    # optional: ``on_frame(data, start) -> bool`` — ``data`` is exactly one whole chunk (its
+    # payload ``data[start:-2]``), as read from the socket; ``True`` when the sink took it
+    # (else the chunk is decoded and given to ``on_body``)
+
 
 class UpstreamResponse:
     """A response being read: ``status``, lower-cased ``headers``, the body via :meth:`read`
@@ -176,6 +181,7 @@ class UpstreamResponse:
         self.complete = self._left == 0 or status in (204, 304)
         self._rest = rest
         self._sink: BodySink | None = None
+        self._on_frame: Callable[[bytes, int], bool] | None = None
 
     async def read(self) -> bytes:
         """The next body bytes (``b""`` once the body has ended)."""
@@ -228,6 +234,7 @@ class UpstreamResponse:
         conn.chunks.clear()
         conn.buffered = 0
         self._sink = sink
+        self._on_frame = getattr(sink, "on_frame", None) if self._decoder is not None else None
         conn.push = self
         conn.last_rx = conn.loop.time()
         if conn._timer is None:
@@ -256,7 +263,13 @@ class UpstreamResponse:
             transport.resume_reading()
 
     def pushed(self, data: bytes) -> None:
-        """Bytes from the socket in push mode."""
+        """Bytes from the socket in push mode: a read of exactly one whole chunk goes to the
+        sink's ``on_frame`` first, when it has one (it may take the framed bytes as they are)."""
+        on_frame = self._on_frame
+        if on_frame is not None and self._decoder.at_boundary:  # type: ignore[union-attr]
+            start = whole_chunk(data)
+            if start > 0 and on_frame(data, start):
+                return
         try:
             out = self._take(data)
         except UpstreamError as exc:
@@ -285,7 +298,7 @@ class UpstreamResponse:
 
     def _end_push(self, exc: UpstreamError | None) -> None:
         self._conn.push = None
-        sink, self._sink = self._sink, None
+        sink, self._sink, self._on_frame = self._sink, None, None
         if sink is None:
             self._release()
         elif exc is None:
@@ -301,11 +314,10 @@ class UpstreamResponse:
             return
         self._closed = True
         if self._conn.push is self:
+            self._sink = self._on_frame = None
             if drain and not self.complete:
-                self._sink = None
                 return
             self._conn.push = None
-            self._sink = None
         self._release()
 
     async def aclose(self) -> None:
