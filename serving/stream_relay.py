@@ -152,7 +152,8 @@ class StreamRelay:
                 return False
         stop = len(data) - 4  # the payload without its blank line
         if (self.stream._buf or not self.ticket.prompt_checked or not data.endswith(b"\n\n\r\n")
-                or data.find(b"\r", start, stop) >= 0):
+                or data.find(b"\r", start, stop) >= 0  # (the framing holds none of the below)
+                or b"[]" in data or b'"error"' in data or b"recomputed" in data):
             return False
         try:
             at = self._fast_event(data, start, stop)
@@ -175,7 +176,8 @@ class StreamRelay:
         general framing."""
         stream = self.stream
         try:
-            if stream._buf or not data.endswith(b"\n\n") or b"\r" in data or not self.ticket.prompt_checked:
+            if (stream._buf or not data.endswith(b"\n\n") or b"\r" in data or not self.ticket.prompt_checked
+                    or b"[]" in data or b'"error"' in data or b"recomputed" in data):
                 batch = stream.feed(data)
                 if batch:
                     self._relay(batch)
@@ -221,15 +223,15 @@ class StreamRelay:
     def _fast_event(self, data: bytes, start: int, stop: int) -> int:
         """The fast path for the event ``data[start:stop]`` (no trailing blank line) in vLLM's
         compact form — a single ``data:`` line with its flat usage object last
-        (``...,"usage":{...}}``), no ``[]`` (a usage-only chunk), nothing suspect: records its
-        progress and returns where ``,"usage":`` starts (the client's bytes are cut there, as
-        :meth:`convert` would); -1, untouched, for anything else."""
+        (``...,"usage":{...}}``): records its progress and returns where ``,"usage":`` starts
+        (the client's bytes are cut there, as :meth:`convert` would); -1, untouched, for
+        anything else. The caller has ruled out what needs the general path anywhere in the
+        read: ``[]`` (a usage-only chunk), ``"error"``, ``recomputed``, CR."""
         end = stop - 2  # the usage object's closing brace
         at = data.rfind(b',"usage":{', start, end)
         if (at < 0 or not data.startswith(b"data: {", start) or not data.startswith(b"}}", end)
                 or data.find(b"\n", start, stop) >= 0 or data.find(b"{", at + 10, end) >= 0
-                or data.find(b"}", at + 10, end) >= 0 or data.find(b"[]", start, stop) >= 0
-                or data.find(b'"error"', start, stop) >= 0 or data.find(b"recomputed", start, stop) >= 0):
+                or data.find(b"}", at + 10, end) >= 0):
             return -1
         c = data.find(b'"completion_tokens":', at, end)
         f = data.find(b'"finish_reason":', start, at)
