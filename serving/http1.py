@@ -54,10 +54,10 @@ class ChunkedDecoder:
         """Whether the terminating chunk and the trailers have been read."""
         return self._state == _DONE
 
-    @property
-    def at_boundary(self) -> bool:
-        """Whether the next byte fed starts a chunk-size line (nothing half-read)."""
-        return self._state == _SIZE and not self._buf
+    def whole_chunk(self, data: bytes) -> int:
+        """:func:`whole_chunk` of ``data`` when nothing is half-read (else -1); ``data`` is not
+        consumed — feed it unless the caller has taken the chunk whole."""
+        return whole_chunk(data) if self._state == _SIZE and not self._buf else -1
 
     def feed(self, data: bytes) -> bytes:
         """Decode ``data``; raise ``ValueError`` on malformed framing."""

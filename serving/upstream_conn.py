@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
-from .http1 import ChunkedDecoder, UpstreamError, whole_chunk
+from .http1 import ChunkedDecoder, UpstreamError
 
 __all__ = ["BodySink", "ConnectionPool", "UpstreamConnection", "UpstreamResponse"]
 
@@ -259,8 +259,8 @@ class UpstreamResponse:
         """Bytes from the socket in push mode: a read of exactly one whole chunk goes to the
         sink's ``on_frame`` first, when it has one (it may take the framed bytes as they are)."""
         on_frame = self._on_frame
-        if on_frame is not None and self._decoder.at_boundary:  # type: ignore[union-attr]
-            start = whole_chunk(data)
+        if on_frame is not None:
+            start = self._decoder.whole_chunk(data)  # type: ignore[union-attr]
             if start > 0 and on_frame(data, start):
                 return
         try:
