@@ -259,22 +259,24 @@ async def _closed_loop(url: str, streams: int, n: int, seconds: float) -> tuple[
 
 
 @contextlib.contextmanager
-def relay_floor(worker_urls: list[str]) -> Iterator[tuple[str, subprocess.Popen]]:
-    """``benchmarks/relay_floor.py`` (a bare ASGI pipe through the proxy's upstream client) on
-    a free 127.0.0.1 port; yields its URL and process."""
+def relay_floor(worker_urls: list[str], server: str = "native") -> Iterator[tuple[str, subprocess.Popen]]:
+    """``benchmarks/relay_floor.py`` (a bare pipe through the proxy's upstream client, under
+    ``server``: ``native`` — the proxy's own stack, spliced — or ``uvicorn``) on a free
+    127.0.0.1 port; yields its URL and process."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay_floor.py")
-    with _router_process([sys.executable, script, str(port), ",".join(worker_urls)], url) as proc:
+    with _router_process([sys.executable, script, str(port), ",".join(worker_urls), server], url) as proc:
         yield url, proc
 
 
 def _routers(mapping: dict[str, Any], exe: str | None, floor: bool = False,
              uvicorn: bool = False) -> list[tuple[str, Any]]:
     """(name, context manager yielding (url, process)) of ours, the peer when installed, and
-    the floor and ours under uvicorn (``--http-server uvicorn``) when asked. Ours without health probes: on a saturated machine one late probe
-    ejects a replica (issue 12), and vllm-router probes once a minute; the relay is what is
-    measured."""
+    when asked the floor (on the native stack; with ``uvicorn`` also on uvicorn) and ours under
+    uvicorn (``--http-server uvicorn``). Ours without health probes: on a saturated machine one
+    late probe ejects a replica (issue 12), and vllm-router probes once a minute; the relay is
+    what is measured."""
     ours = {**mapping, "slots": 64, "policy": "br0", "health_interval_s": 0}
     workers = [d["url"] for d in mapping["decode"]]
     out: list[tuple[str, Any]] = [("balanceroute", lambda: proxy_process(ours, []))]
@@ -284,6 +286,8 @@ def _routers(mapping: dict[str, Any], exe: str | None, floor: bool = False,
         out.append(("floor", lambda: relay_floor(workers)))
     if uvicorn:
         out.append(("ours on uvicorn", lambda: proxy_process(ours, ["--http-server", "uvicorn"])))
+    if floor and uvicorn:
+        out.append(("floor on uvicorn", lambda: relay_floor(workers, "uvicorn")))
     return out
 
 
@@ -294,8 +298,9 @@ def bench_peer(quick: bool, exe: str | None, floor: bool = False, uvicorn: bool 
     stamped), then, on unstamped (vLLM-shaped) chunks, the router pinned to one CPU and its CPU
     time over 64 streams (one token per chunk: no router falls behind at this rate, so the
     emulator never merges tokens). Latencies: the median over rounds; CPU: totals over rounds.
-    ``floor`` adds ``relay_floor.py`` (uvicorn piping bytes through the upstream client) as a
-    third router: what the HTTP stack and the sockets alone cost."""
+    ``floor`` adds ``relay_floor.py`` (the native server splicing the upstream chunks through
+    the proxy's upstream client as they come) as a third router: what the HTTP stack, the event
+    loop and the sockets alone cost."""
     seconds = 4.0 if quick else 10.0
     rounds = 1 if quick else 3
     cpu = max(os.sched_getaffinity(0))
@@ -424,7 +429,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1, help="policy runs per policy")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--floor", action="store_true",
-                        help="peer section: also measure benchmarks/relay_floor.py (the HTTP stack alone)")
+                        help="peer section: also measure benchmarks/relay_floor.py (the HTTP stack alone; "
+                             "with --uvicorn also on uvicorn)")
     parser.add_argument("--uvicorn", action="store_true",
                         help="peer section: also measure our proxy under uvicorn (--http-server uvicorn)")
     parser.add_argument("--vllm-router", metavar="PATH", default=default_vllm_router(),

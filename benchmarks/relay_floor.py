@@ -1,26 +1,79 @@
 """The floor under the proxy's relay, for ``bench_proxy.py --section peer --floor``: a bare ASGI
-app under the same uvicorn (uvloop + httptools) that sends each request round robin to the
-decode servers through the proxy's own upstream client and forwards the decoded body bytes as
-they come — no FastAPI, no ledger, no policy, no SSE scanning, no usage stripping. Its CPU per
-token is what the HTTP server, the event loop and the sockets cost at this chunk rate.
+app that sends each request round robin to the decode servers through the proxy's own upstream
+client and forwards the body as it comes — no FastAPI, no ledger, no policy, no SSE scanning, no
+usage stripping, no validation. Its CPU per token is what the HTTP server, the event loop and the
+sockets alone cost at this chunk rate.
 
-    python benchmarks/relay_floor.py PORT URL[,URL...]
+``native`` (the default; the proxy's own stack, ``serve --http-server native``): the native
+server with the splice — each upstream chunk, as read from the socket, written to the client's
+transport from the upstream connection's ``data_received`` (no coroutine per chunk), flow
+control and disconnects as in the proxy. ``uvicorn``: the same pipe under uvicorn (uvloop +
+httptools), a coroutine wake and an ASGI send per chunk.
+
+    python benchmarks/relay_floor.py PORT URL[,URL...] [native|uvicorn]
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
+import socket
 import sys
 from typing import Any
 
 import uvicorn
 
-from balanceroute.serving.upstream import UpstreamPool
+from balanceroute.serving.asgi import SPLICE, Downstream
+from balanceroute.serving.http_server import NativeServer
+from balanceroute.serving.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+
+
+class _Pipe:
+    """A spliced response: upstream body bytes straight to the client (a ``BodySink`` and the
+    downstream's listener); ``done`` resolves when either side ends."""
+
+    def __init__(self, response: UpstreamResponse, down: Downstream) -> None:
+        self.response, self.down = response, down
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_frame(self, data: bytes, start: int) -> bool:
+        write = self.down.chunk_writer()
+        if write is None:
+            return False
+        write(data)  # the upstream chunk as it came
+        return True
+
+    def on_body(self, data: bytes) -> None:
+        self.down.write(data)
+
+    def on_end(self) -> None:
+        self._finish(drain=True)
+
+    def on_error(self, exc: UpstreamError) -> None:
+        self._finish(drain=False)
+
+    def on_gone(self) -> None:
+        self._finish(drain=False)
+
+    def pause_writing(self) -> None:
+        self.response.pause()
+
+    def resume_writing(self) -> None:
+        self.response.resume()
+
+    def _finish(self, *, drain: bool) -> None:
+        if self.done.done():
+            return
+        self.down.listen(None)
+        self.response.close(drain=drain)
+        if not self.down.gone:
+            self.down.end()
+        self.done.set_result(None)
 
 
 def make_app(urls: list[str]) -> Any:
-    """The piping ASGI app over ``urls``."""
+    """The piping ASGI app over ``urls`` (spliced when the server offers it)."""
     targets = itertools.cycle(urls)
     pool = UpstreamPool()
 
@@ -44,6 +97,13 @@ def make_app(urls: list[str]) -> Any:
                                       connect_timeout=5.0, read_timeout=60.0)
         await send({"type": "http.response.start", "status": resp.status,
                     "headers": [(b"content-type", b"text/event-stream")]})
+        spliced = scope.get("extensions", {}).get(SPLICE)
+        if spliced is not None:
+            pipe = _Pipe(resp, spliced["downstream"])
+            pipe.down.listen(pipe)
+            resp.attach(pipe)
+            await pipe.done
+            return
         try:
             while data := await resp.read():
                 await send({"type": "http.response.body", "body": data, "more_body": True})
@@ -54,6 +114,20 @@ def make_app(urls: list[str]) -> Any:
     return app
 
 
+async def _serve_native(app: Any, port: int) -> None:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(2048)
+    await NativeServer(app).serve(sockets=[sock])
+
+
 if __name__ == "__main__":
-    uvicorn.run(make_app(sys.argv[2].split(",")), host="127.0.0.1", port=int(sys.argv[1]),
-                log_level="warning", loop="uvloop", http="httptools")
+    app = make_app(sys.argv[2].split(","))
+    if (sys.argv[3] if len(sys.argv) > 3 else "native") == "uvicorn":
+        uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", loop="uvloop",
+                    http="httptools")
+    else:
+        import uvloop
+
+        uvloop.run(_serve_native(app, int(sys.argv[1])))

@@ -44,6 +44,11 @@ class Downstream(Protocol):
     def end(self) -> None:
         """End the body; the connection serves its next request."""
 
+    def chunk_writer(self) -> Any:
+        """The client transport's ``write`` for bytes already framed as whole chunks, once the
+        response head is out and its body is chunked (else ``None``); valid until the relay
+        stops listening."""
+
     def listen(self, listener: SpliceListener | None) -> None:
         """Route disconnect and flow-control events to ``listener`` (``None``: stop); a client
         already over its high-water mark pauses it at once."""
@@ -125,6 +130,11 @@ class Cycle:
         if self.head:
             out, self.head = self.head + out, b""
         self.conn.transport.write(out)  # type: ignore[union-attr]
+
+    def chunk_writer(self) -> Any:
+        if self.chunked and not self.head and self.started and not (self.gone or self.complete or self.head_only):
+            return self.conn.transport.write
+        return None
 
     def end(self) -> None:
         if self.complete:

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from http import HTTPStatus
 
 __all__ = ["LAST_CHUNK", "MAX_LINE", "ChunkedDecoder", "UpstreamError", "encode_chunk", "parse_head",
-           "response_head"]
+           "response_head", "whole_chunk"]
 
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 MAX_LINE = 8192  # a chunk-size or trailer line; the whole header block gets 8 × this
@@ -23,6 +23,17 @@ class UpstreamError(Exception):
     def __init__(self, message: str, *, connect: bool = False) -> None:
         super().__init__(message)
         self.connect = connect
+
+
+def whole_chunk(data: bytes) -> int:
+    """Where the payload starts when ``data`` is exactly one whole, non-empty chunk (its size
+    line in lower-case hex without leading zeros, as servers write it; the payload ends at
+    ``len(data) - 2``), else -1 (the general decoder's case)."""
+    eol = data.find(b"\r\n", 0, 18)
+    size = len(data) - eol - 4
+    if eol > 0 and size > 0 and data.endswith(b"\r\n") and data.startswith(b"%x\r\n" % size):
+        return eol + 2
+    return -1
 
 
 class ChunkedDecoder:
@@ -43,17 +54,20 @@ class ChunkedDecoder:
         """Whether the terminating chunk and the trailers have been read."""
         return self._state == _DONE
 
+    def whole_chunk(self, data: bytes) -> int:
+        """:func:`whole_chunk` of ``data`` when nothing is half-read (else -1); ``data`` is not
+        consumed — feed it unless the caller has taken the chunk whole."""
+        return whole_chunk(data) if self._state == _SIZE and not self._buf else -1
+
     def feed(self, data: bytes) -> bytes:
         """Decode ``data``; raise ``ValueError`` on malformed framing."""
         if self._state == _DONE:
             self.extra += data
             return b""
         if self._state == _SIZE and not self._buf:  # fast path: exactly one whole chunk
-            eol = data.find(b"\r\n", 0, 18)
-            if eol > 0 and _HEX.fullmatch(data, 0, eol) is not None:
-                stop = eol + 2 + int(data[:eol], 16)
-                if stop > eol + 2 and len(data) == stop + 2 and data.endswith(b"\r\n"):
-                    return data[eol + 2:stop]
+            start = whole_chunk(data)
+            if start > 0:
+                return data[start:-2]
         buf = self._buf + data if self._buf else data
         out: list[bytes] = []
         pos, end, state = 0, len(buf), self._state

@@ -48,6 +48,7 @@ class StreamRelay:
         self._end = end
         self._broken = broken
         self._down: Downstream | None = None
+        self._raw_write: Callable[[bytes], None] | None = None  # the client's transport, once its head is out
         self._done: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------ the rule per batch
@@ -139,6 +140,35 @@ class StreamRelay:
         if done:
             self._finish("ok")
 
+    def on_frame(self, data: bytes, start: int) -> bool:
+        """One whole upstream chunk ``data`` (payload ``data[start:-2]``) holding exactly one
+        event in vLLM's compact form (:meth:`_fast_event`): recorded and written to the client
+        as one chunk, the chunk as it came when the client keeps the usage; ``False``,
+        untouched, for anything else (:meth:`on_body` then gets the payload)."""
+        write = self._raw_write
+        if write is None:
+            write = self._raw_write = self._down.chunk_writer()  # type: ignore[union-attr]
+            if write is None:
+                return False
+        stop = len(data) - 4  # the payload without its blank line
+        if (self.stream._buf or not self.ticket.prompt_checked or not data.endswith(b"\n\n\r\n")
+                or data.find(b"\r", start, stop) >= 0  # (the framing holds none of the below)
+                or b"[]" in data or b'"error"' in data or b"recomputed" in data):
+            return False
+        try:
+            at = self._fast_event(data, start, stop)
+            if at < 0:
+                return False
+            if self.continuous:
+                write(data)
+            elif self.include_usage:
+                write(b"%x\r\n%bnull}\n\n\r\n" % (at + 16 - start, data[start:at + 9]))
+            else:
+                write(b"%x\r\n%b}\n\n\r\n" % (at + 3 - start, data[start:at]))
+        except Exception:
+            self._internal_error()
+        return True
+
     def on_body(self, data: bytes) -> None:
         """Upstream body bytes (:class:`~.upstream.BodySink`): whole events (the usual read)
         event by event, each by :meth:`_fast_event` where it applies, else by :meth:`convert`;
@@ -146,65 +176,78 @@ class StreamRelay:
         general framing."""
         stream = self.stream
         try:
-            if stream._buf or not data.endswith(b"\n\n") or b"\r" in data or not self.ticket.prompt_checked:
+            if (stream._buf or not data.endswith(b"\n\n") or b"\r" in data or not self.ticket.prompt_checked
+                    or b"[]" in data or b'"error"' in data or b"recomputed" in data):
                 batch = stream.feed(data)
                 if batch:
                     self._relay(batch)
                 return
             out = []
-            for block in data.split(b"\n\n"):
-                if not block:
+            start, end = 0, len(data)
+            while start < end:
+                stop = data.find(b"\n\n", start)
+                if stop == start:
+                    start += 2
                     continue
-                piece = self._fast_event(block)
-                if piece is None:
-                    piece, done = self.convert(stream._frame([block], False))
+                at = self._fast_event(data, start, stop)
+                if at < 0:
+                    piece, done = self.convert(stream._frame([data[start:stop]], False))
                     if done:
                         out.append(piece)
                         self._down.write(b"".join(out))  # type: ignore[union-attr]
                         self._finish("ok")
                         return
+                elif self.continuous:
+                    piece = data[start:stop + 2]
+                elif self.include_usage:
+                    piece = data[start:at + 9] + b"null}\n\n"
+                else:
+                    piece = data[start:at] + b"}\n\n"
                 if piece:  # b"": a usage-only event the client did not ask for
                     out.append(piece)
+                start = stop + 2
             if out:
                 self._down.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[union-attr]
         except StreamBroken as exc:
             self._fail(exc)
-        except Exception:  # a bug: the client gets an error event, the accounting stays right
-            log.exception("relay of %s failed", self.ticket.request_id)
-            self._end(self.ticket, "internal")
-            self._down.write(sse(error_body("internal proxy error in the relay", status=500)))  # type: ignore[union-attr]
-            self._finish("internal")
+        except Exception:
+            self._internal_error()
 
-    def _fast_event(self, block: bytes) -> bytes | None:
-        """The fast path for one event ``block`` (no trailing blank line) in vLLM's compact form
-        — a single ``data:`` line with its flat usage object last (``...,"usage":{...}}``), no
-        ``[]`` (a usage-only chunk), nothing suspect: records its progress and returns the
-        client's bytes (what :meth:`convert` would); ``None``, untouched, for anything else."""
-        end = len(block) - 2  # the usage object's closing brace
-        at = block.rfind(b',"usage":{', 0, end)
-        if (at < 0 or block[:7] != b"data: {" or block[end:] != b"}}" or block.find(b"\n") >= 0
-                or block.find(b"{", at + 10, end) >= 0 or block.find(b"}", at + 10, end) >= 0
-                or b"[]" in block or b'"error"' in block or b"recomputed" in block):
-            return None
-        c = block.find(b'"completion_tokens":', at, end)
-        f = block.find(b'"finish_reason":', 0, at)
-        if c < 0 or (f >= 0 and (block[f - 1] not in b",{" or block[f + 16] not in b'n"')):
-            return None
-        stop = block.find(b",", c + 20, end)
+    def _internal_error(self) -> None:
+        """A bug in the relay: the client gets an error event, the accounting stays right."""
+        log.exception("relay of %s failed", self.ticket.request_id)
+        self._end(self.ticket, "internal")
+        self._down.write(sse(error_body("internal proxy error in the relay", status=500)))  # type: ignore[union-attr]
+        self._finish("internal")
+
+    def _fast_event(self, data: bytes, start: int, stop: int) -> int:
+        """The fast path for the event ``data[start:stop]`` (no trailing blank line) in vLLM's
+        compact form — a single ``data:`` line with its flat usage object last
+        (``...,"usage":{...}}``): records its progress and returns where ``,"usage":`` starts
+        (the client's bytes are cut there, as :meth:`convert` would); -1, untouched, for
+        anything else. The caller has ruled out what needs the general path anywhere in the
+        read: ``[]`` (a usage-only chunk), ``"error"``, ``recomputed``, CR."""
+        end = stop - 2  # the usage object's closing brace
+        at = data.rfind(b',"usage":{', start, end)
+        if (at < 0 or not data.startswith(b"data: {", start) or not data.startswith(b"}}", end)
+                or data.find(b"\n", start, stop) >= 0 or data.find(b"{", at + 10, end) >= 0
+                or data.find(b"}", at + 10, end) >= 0):
+            return -1
+        c = data.find(b'"completion_tokens":', at, end)
+        f = data.find(b'"finish_reason":', start, at)
+        if c < 0 or (f >= 0 and (data[f - 1] not in b",{" or data[f + 16] not in b'n"')):
+            return -1
+        comma = data.find(b",", c + 20, end)
         try:
-            done = int(block[c + 20:stop if stop >= 0 else end])
+            done = int(data[c + 20:comma if comma >= 0 else end])
         except ValueError:
-            return None
+            return -1
         ticket = self.ticket
         if done > ticket.age:
             self._progress(ticket, done)
-        if f >= 0 and block[f + 16] == 34:  # '"': a finish reason
+        if f >= 0 and data[f + 16] == 34:  # '"': a finish reason
             self.stream.finished = True
-        if self.continuous:
-            return block + b"\n\n"
-        if self.include_usage:
-            return block[:at + 9] + b"null}\n\n"
-        return block[:at] + b"}\n\n"
+        return at
 
     def on_end(self) -> None:
         """The upstream body ended."""

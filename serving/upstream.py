@@ -1,5 +1,6 @@
-"""The decode stream's HTTP/1.1 client: an asyncio protocol per connection, chunked transfer
-decoding by byte scanning, a keep-alive pool, connect and read timeouts, abort by closing.
+"""The decode stream's HTTP/1.1 client: a keep-alive pool of connections (:mod:`.upstream_conn`:
+the asyncio protocol per connection and the response read on it, chunked transfer decoding by
+byte scanning, read timeouts, abort by closing), connect timeouts, the request sent.
 
 The relay reads one decode response per request, event by event; a general client (httpx)
 spends most of the proxy's CPU per chunk in its layers of async iterators and its HTTP state
@@ -21,310 +22,14 @@ from __future__ import annotations
 import asyncio
 import re
 import ssl
-from typing import Protocol
 from urllib.parse import urlsplit
 
-from .http1 import MAX_LINE, ChunkedDecoder, UpstreamError, parse_head
+from .http1 import MAX_LINE, UpstreamError, parse_head
+from .upstream_conn import BodySink, UpstreamConnection, UpstreamResponse
 
 __all__ = ["BodySink", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
 
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")  # header smuggling: no CR, LF, NUL, ... in what we send
-_PAUSE_AT = 1 << 18  # buffered but unread bytes at which the socket stops being read
-
-
-class _Connection(asyncio.Protocol):
-    """One upstream connection: bytes land in ``chunks``; one reader waits on ``_waiter``."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.transport: asyncio.Transport | None = None
-        self.chunks: list[bytes] = []
-        self.buffered = 0
-        self.eof = False
-        self.lost: BaseException | None = None
-        self.paused = False
-        self.last_rx = 0.0
-        self._waiter: asyncio.Future[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timeout = 0.0
-        self.push: UpstreamResponse | None = None  # push mode: bytes go straight to it
-
-    # protocol callbacks
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        if self.push is not None:
-            self.last_rx = self.loop.time()
-            self.push.pushed(data)
-            return
-        self.chunks.append(data)
-        self.buffered += len(data)
-        self.last_rx = self.loop.time()
-        if self.buffered > _PAUSE_AT and not self.paused and self.transport is not None:
-            self.paused = True
-            self.transport.pause_reading()
-        self._wake(None)
-
-    def eof_received(self) -> bool:
-        self.eof = True
-        if self.push is not None:
-            self.push.pushed_end(None)
-        self._wake(None)
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.eof = True
-        self.lost = exc
-        if self.push is not None:
-            self.push.pushed_end(None if exc is None else UpstreamError(f"upstream connection lost: {exc}"))
-        self._wake(None)
-
-    def _wake(self, exc: BaseException | None) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            if exc is None:
-                waiter.set_result(None)
-            else:
-                waiter.set_exception(exc)
-
-    # reading
-    async def receive(self, timeout: float) -> bytes:
-        """The bytes received since the last call (``b""`` at EOF); ``UpstreamError`` after
-        ``timeout`` seconds without a byte."""
-        while not self.chunks:
-            if self.eof:
-                return b""
-            self._waiter = self.loop.create_future()
-            if self._timer is None:
-                self._timeout = timeout
-                self._timer = self.loop.call_later(timeout, self._on_timer)
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        data = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
-        self.chunks.clear()
-        self.buffered = 0
-        if self.paused and self.transport is not None:
-            self.paused = False
-            self.transport.resume_reading()
-        return data
-
-    def _on_timer(self) -> None:  # one timer per wait period, not one per read
-        idle = self.loop.time() - self.last_rx
-        if self.push is None and (self._waiter is None or self._waiter.done()):
-            self._timer = None
-        elif idle >= self._timeout:
-            self._timer = None
-            exc = UpstreamError(f"no data from upstream for {self._timeout:g} s (read timeout)")
-            if self.push is not None:
-                self.push.pushed_end(exc)
-            else:
-                self._wake(exc)
-        else:
-            self._timer = self.loop.call_later(self._timeout - idle, self._on_timer)
-
-    def close(self) -> None:
-        """Drop the connection (the server sees the client go away)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self.transport is not None:
-            self.transport.close()
-        self.eof = True
-
-    @property
-    def reusable(self) -> bool:
-        return (not self.eof and not self.chunks and self.transport is not None
-                and not self.transport.is_closing())
-
-
-class BodySink(Protocol):
-    """Where a response in push mode (:meth:`UpstreamResponse.attach`) delivers its body."""
-
-    def on_body(self, data: bytes) -> None:
-        """Body bytes (chunked coding removed), called from the connection's ``data_received``."""
-
-    def on_end(self) -> None:
-        """The body ended."""
-
-    def on_error(self, exc: UpstreamError) -> None:
-        """The body broke: connection lost, bad framing, or the read timeout."""
-
-
-class UpstreamResponse:
-    """A response being read: ``status``, lower-cased ``headers``, the body via :meth:`read`
-    (a coroutine per read) or pushed to a :class:`BodySink` (:meth:`attach`)."""
-
-    def __init__(self, pool: UpstreamPool, key: tuple[str, str, int], conn: _Connection, status: int,
-                 headers: dict[str, str], rest: bytes, read_timeout: float) -> None:
-        self.status = status
-        self.headers = headers
-        self._pool, self._key, self._conn, self._timeout = pool, key, conn, read_timeout
-        self._closed = False
-        self._keep = headers.get("connection", "").lower() != "close"
-        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-        self._decoder = ChunkedDecoder() if self._chunked else None
-        length = headers.get("content-length")
-        self._left: int | None = None
-        if not self._chunked:
-            if length is None or not length.strip().isdigit():
-                self._keep = False  # body ends at EOF
-            else:
-                self._left = int(length)
-        self.complete = self._left == 0 or status in (204, 304)
-        self._rest = rest
-        self._sink: BodySink | None = None
-
-    async def read(self) -> bytes:
-        """The next body bytes (``b""`` once the body has ended)."""
-        while not self.complete:
-            data, self._rest = (self._rest, b"") if self._rest else (await self._conn.receive(self._timeout), b"")
-            if not data:
-                if self._left is None and self._decoder is None:
-                    self.complete = True
-                    return b""
-                raise UpstreamError("upstream closed the connection mid-response")
-            out = self._take(data)
-            if out:
-                return out
-        return b""
-
-    def _take(self, data: bytes) -> bytes:
-        if self._decoder is not None:
-            try:
-                out = self._decoder.feed(data)
-            except ValueError as exc:
-                raise UpstreamError(f"bad chunked encoding from upstream: {exc}") from None
-            if self._decoder.done:
-                self.complete = True
-                self._keep = self._keep and not self._decoder.extra
-            return out
-        if self._left is not None:
-            if len(data) > self._left:
-                self._keep = False
-                data = data[:self._left]
-            self._left -= len(data)
-            self.complete = not self._left
-        return data
-
-    async def aread(self, limit: int = 1 << 20) -> bytes:
-        """The rest of the body (at most ``limit`` bytes are kept)."""
-        parts, size = [], 0
-        while part := await self.read():
-            if size < limit:
-                parts.append(part)
-                size += len(part)
-        return b"".join(parts)[:limit]
-
-    # push mode
-    def attach(self, sink: BodySink) -> None:
-        """Push mode: from now on the body goes to ``sink`` from the connection's callbacks,
-        no coroutine per read (what already arrived first); the read timeout still applies."""
-        conn = self._conn
-        pending = self._rest + b"".join(conn.chunks) if conn.chunks else self._rest
-        self._rest = b""
-        conn.chunks.clear()
-        conn.buffered = 0
-        self._sink = sink
-        conn.push = self
-        conn.last_rx = conn.loop.time()
-        if conn._timer is None:
-            conn._timeout = self._timeout
-            conn._timer = conn.loop.call_later(self._timeout, conn._on_timer)
-        self.resume()
-        if pending:
-            self.pushed(pending)
-        if conn.eof and conn.push is self:
-            self.pushed_end(None if conn.lost is None else UpstreamError(f"upstream connection lost: {conn.lost}"))
-        elif self.complete and conn.push is self:
-            self._end_push(None)
-
-    def pause(self) -> None:
-        """Stop reading the socket (push mode's back-pressure)."""
-        transport = self._conn.transport
-        if not self._conn.paused and transport is not None and not transport.is_closing():
-            self._conn.paused = True
-            transport.pause_reading()
-
-    def resume(self) -> None:
-        """Read the socket again."""
-        transport = self._conn.transport
-        if self._conn.paused and transport is not None and not transport.is_closing():
-            self._conn.paused = False
-            transport.resume_reading()
-
-    def pushed(self, data: bytes) -> None:
-        """Bytes from the socket in push mode."""
-        try:
-            out = self._take(data)
-        except UpstreamError as exc:
-            self._end_push(exc)
-            return
-        sink = self._sink
-        if out:
-            if sink is None:  # draining after close(drain=True): nothing more was expected
-                self.complete = False
-                self._end_push(None)
-                return
-            sink.on_body(out)
-        if self.complete and self._conn.push is self:
-            self._end_push(None)
-
-    def pushed_end(self, exc: UpstreamError | None) -> None:
-        """EOF, a lost connection or the read timeout in push mode."""
-        if self._conn.push is not self:
-            return
-        if exc is None and not self.complete:
-            if self._left is None and self._decoder is None:
-                self.complete, self._keep = True, False  # the body ends at EOF
-            else:
-                exc = UpstreamError("upstream closed the connection mid-response")
-        self._end_push(exc)
-
-    def _end_push(self, exc: UpstreamError | None) -> None:
-        self._conn.push = None
-        sink, self._sink = self._sink, None
-        if sink is None:
-            self._release()
-        elif exc is None:
-            sink.on_end()
-        else:
-            sink.on_error(exc)
-
-    def close(self, *, drain: bool = False) -> None:
-        """Return the connection to the pool if the body was read to its end (what already
-        arrived is looked at), else close it — vLLM aborts the request. ``drain`` (push mode,
-        the stream finished): let the connection read the body's last bytes, then pool it."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._conn.push is self:
-            if drain and not self.complete:
-                self._sink = None
-                return
-            self._conn.push = None
-            self._sink = None
-        self._release()
-
-    async def aclose(self) -> None:
-        """:meth:`close` from a coroutine."""
-        self.close()
-
-    def _release(self) -> None:
-        if not self.complete and not self._rest and self._conn.chunks and not self._conn.lost:
-            data = b"".join(self._conn.chunks)
-            self._conn.chunks.clear()
-            self._conn.buffered = 0
-            try:
-                self._take(data)
-            except UpstreamError:
-                self.complete = False
-        if self.complete and self._keep and not self._rest and not self._conn.chunks:
-            self._pool.release(self._key, self._conn)
-        else:
-            self._conn.close()
 
 
 class UpstreamPool:
@@ -332,10 +37,10 @@ class UpstreamPool:
 
     def __init__(self, *, max_idle_per_host: int = 512) -> None:
         self.max_idle_per_host = max_idle_per_host
-        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._idle: dict[tuple[str, str, int], list[UpstreamConnection]] = {}
         self._ssl: ssl.SSLContext | None = None
 
-    def release(self, key: tuple[str, str, int], conn: _Connection) -> None:
+    def release(self, key: tuple[str, str, int], conn: UpstreamConnection) -> None:
         """Keep ``conn`` for the next request to ``key`` (or close it when the pool is full)."""
         if conn._timer is not None:
             conn._timer.cancel()
@@ -349,7 +54,7 @@ class UpstreamPool:
         else:
             conn.close()
 
-    async def _connect(self, key: tuple[str, str, int], timeout: float) -> _Connection:
+    async def _connect(self, key: tuple[str, str, int], timeout: float) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
         scheme, host, port = key
         context = None
@@ -358,7 +63,7 @@ class UpstreamPool:
             context = self._ssl
         try:
             async with asyncio.timeout(timeout):
-                _, conn = await loop.create_connection(lambda: _Connection(loop), host, port, ssl=context)
+                _, conn = await loop.create_connection(lambda: UpstreamConnection(loop), host, port, ssl=context)
         except TimeoutError:
             raise UpstreamError(f"connect to {host}:{port} timed out after {timeout:g} s", connect=True) from None
         except OSError as exc:
@@ -392,7 +97,7 @@ class UpstreamPool:
         return await self._exchange(key, await self._connect(key, connect_timeout), request, read_timeout,
                                     fresh=True)
 
-    async def _exchange(self, key: tuple[str, str, int], conn: _Connection, request: bytes, timeout: float,
+    async def _exchange(self, key: tuple[str, str, int], conn: UpstreamConnection, request: bytes, timeout: float,
                         *, fresh: bool = False) -> UpstreamResponse:
         conn.transport.write(request)  # type: ignore[union-attr]
         buf = b""

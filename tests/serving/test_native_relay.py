@@ -235,6 +235,15 @@ class _Sink:
     def write(self, data: bytes) -> None:
         self.out.append(data)
 
+    def chunk_writer(self) -> Any:
+        return self.write_framed
+
+    def write_framed(self, data: bytes) -> None:
+        """A whole chunk written by the relay itself: its framing must be exact."""
+        start = data.index(b"\r\n") + 2
+        assert data[:start - 2] == b"%x" % (len(data) - start - 2) and data.endswith(b"\r\n"), data
+        self.out.append(data[start:-2])
+
     def end(self) -> None:
         pass
 
@@ -300,10 +309,14 @@ def test_the_fast_path_relays_exactly_what_the_general_path_does(events: list[tu
                                            ensure_ascii=ascii).encode() + b"\n\n"
                     for obj, spaced, ascii in events) + (b"data: [DONE]\n\n" if done else b"")
     results = []
-    for fast in (True, False):
+    for path in ("frame", "body", "general"):
         relay, sink, loop = _relay_for(include_usage, continuous)
         try:
-            if fast:
+            if path == "frame":  # the read as one whole chunk, as UpstreamResponse.pushed offers it
+                framed = frame(data)
+                if not relay.on_frame(framed, framed.index(b"\r\n") + 2):
+                    relay.on_body(data)
+            elif path == "body":
                 relay.on_body(data)
             else:
                 try:
@@ -319,16 +332,20 @@ def test_the_fast_path_relays_exactly_what_the_general_path_does(events: list[tu
             results.append((out, relay.ticket.age, broke or relay.stream.finished, relay._done.done()))
         finally:
             loop.close()
-    assert results[0] == results[1]
+    assert results[0] == results[2] and results[1] == results[2]
 
 
 def test_the_fast_path_takes_vllms_compact_token_events_only() -> None:
     relay, _, loop = _relay_for(include_usage=True, continuous=False)
     loop.close()
     event = tokens(3)[2]
-    assert relay._fast_event(event[:-2]) == event.replace(
-        b'"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}', b'"usage":null')
+    relay._down = sink = _Sink()
+    assert relay.on_frame(frame(event), frame(event).index(b"\r\n") + 2)
+    assert sink.out == [event.replace(b'"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}',
+                                      b'"usage":null')]
     assert relay.ticket.age == 3 and relay.stream.finished
     usage_only = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}'
     for other in (usage_only, chunk(" a", 1)[:-2], b"data: [DONE]", event[:-2] + b"\n" + event[:-2]):
-        assert relay._fast_event(other) is None
+        framed = frame(other + b"\n\n")
+        assert not relay.on_frame(framed, framed.index(b"\r\n") + 2)
+    assert len(sink.out) == 1
