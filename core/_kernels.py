@@ -141,6 +141,50 @@ def _values(sizes, growth, d, lin):  # pragma: no cover - compiled
 
 
 @njit
+def _largest_contribution(sizes, growth, exact, cmax):  # pragma: no cover - compiled
+    """cmax[h] = max_j c_j(h): the pool scan skips the steps where no request overflows."""
+    for h in range(cmax.shape[0]):
+        top = sizes[0] + growth[0, h] if exact else sizes[0]
+        for j in range(1, sizes.shape[0]):
+            c = sizes[j] + growth[j, h] if exact else sizes[j]
+            if c > top:
+                top = c
+        cmax[h] = top
+
+
+@njit
+def _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact,
+                ttft_slo_s):  # pragma: no cover - compiled
+    """A tick's constants of the pool (P ≥ 1): each request's own value lin_j = Σ_h d_h c_j(h)
+    (exact), the urgency bonus u_j, the bound ub_j, and either the bound order of the best-first
+    search (``prune``: a horizon and a valid bound) or the pool scan's ``cmax``."""
+    n_pool = sizes.shape[0]
+    lin = np.zeros(n_pool)
+    if exact:
+        _values(sizes, growth, d, lin)
+    bonus = np.zeros(n_pool)
+    if ttft_slo_s > 0.0 and ttft_slo_s < np.inf:
+        top = -np.inf
+        for j in range(n_pool):
+            v = alpha * lin[j] if exact else ad * sizes[j]
+            if v > top:
+                top = v
+        for j in range(n_pool):
+            bonus[j] = top * (wait[j] / ttft_slo_s)
+    ub = np.empty(n_pool)
+    for j in range(n_pool):
+        ub[j] = (alpha * lin[j] if exact else ad * sizes[j]) + bonus[j]
+    prune = d.shape[0] > 1 and _prunable(d, beta, ub)
+    cmax = np.empty(d.shape[0])
+    if prune:
+        ranked, ranked_n = _bound_order(ub)
+    else:
+        ranked, ranked_n = np.empty((2, 0), dtype=np.int64), np.zeros(2, dtype=np.int64)
+        _largest_contribution(sizes, growth, exact, cmax)
+    return lin, bonus, ub, prune, ranked, ranked_n, cmax
+
+
+@njit
 def _prunable(d, beta, ub):  # pragma: no cover - compiled
     """Whether ub bounds every F({j}) + u_j: β ≥ 0, every d_h ≥ 0 and every ub finite."""
     if not beta >= 0.0:
@@ -289,8 +333,8 @@ def _pick_single(prune, order, count, ub, alive, sizes, growth, exact, lin, cmax
     score: best-first (``prune``) or by scoring the whole pool (:func:`_pool_scores`)."""
     if prune:
         _margins(loads, env, g, marg)
-        return _best_single(order, count, ub, alive, sizes, growth, exact, lin, marg, d, alpha, ad, beta,
-                            bonus)
+        return _best_single(order, count, ub, alive, sizes, growth, exact, lin, marg, d, alpha, ad,
+                            beta, bonus)
     _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus, tot, f1)
     single = -1
     for j in range(sizes.shape[0]):
@@ -300,23 +344,59 @@ def _pick_single(prune, order, count, ub, alive, sizes, growth, exact, lin, cmax
 
 
 @njit
+def _pick_k(prune, k, order, count, ub, alive, sizes, growth, exact, lin, cmax, loads, env, g, d,
+            alpha, ad, beta, bonus, tot, f1, marg, cand, cand_f):  # pragma: no cover - compiled
+    """``cand[:k]``: the ``k`` (≤ live) requests with the largest F({j}) + u_j on replica g, best
+    first (ties: pool order): best-first (``prune``) or by scoring the whole pool."""
+    if prune:
+        _margins(loads, env, g, marg)
+        _best_k(k, order, count, ub, alive, sizes, growth, exact, lin, marg, d, alpha, ad, beta,
+                bonus, cand, cand_f)
+        return
+    _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus, tot, f1)
+    n_c = 0
+    for j in range(sizes.shape[0]):
+        if not alive[j]:
+            continue
+        v = f1[j]
+        if n_c == k:
+            if not v > f1[cand[k - 1]]:
+                continue
+            pos = k - 1
+        else:
+            pos = n_c
+            n_c += 1
+        while pos > 0 and f1[cand[pos - 1]] < v:
+            cand[pos] = cand[pos - 1]
+            pos -= 1
+        cand[pos] = j
+    for t in range(n_c):
+        cand_f[t] = f1[cand[t]]
+
+
+@njit
 def _place(i, g, loads, env, sizes, growth, has_growth, free, alive):  # pragma: no cover
-    """Request i joins replica g: L̂_g += s_i (+ growth_i); the envelope follows."""
+    """Request i joins replica g: L̂_g += s_i (+ growth_i); the envelope follows. Returns whether
+    the envelope changed (every replica's margins then changed)."""
     n_rep, width = loads.shape
+    moved = False
     for h in range(width):
         add = sizes[i] + growth[i, h] if has_growth else sizes[i]
         loads[g, h] += add
         if add >= 0.0:
             if loads[g, h] > env[h]:
                 env[h] = loads[g, h]
+                moved = True
         else:  # a shrinking projection: recompute this step's envelope
             top = loads[0, h]
             for r in range(1, n_rep):
                 if loads[r, h] > top:
                     top = loads[r, h]
+            moved = moved or top != env[h]
             env[h] = top
     free[g] -= 1
     alive[i] = False
+    return moved
 
 
 FILL_LEVELS = 4096
@@ -494,10 +574,12 @@ def _fill_level(loads, env, g, d, alpha, beta, marg):  # pragma: no cover - comp
 
 
 @njit
-def _fill_replica(free, loads, env, d, alpha, beta, by_level, marg):  # pragma: no cover - compiled
+def _fill_replica(free, loads, env, d, alpha, beta, by_level, marg, level,
+                  known):  # pragma: no cover - compiled
     """The open replica the fill serves next: the largest fill level (``by_level``, with a horizon;
     with H = 0 it is the margin m(0)) or the largest margin m(0); ties: more free slots, lower
-    index."""
+    index. ``level[r]`` caches replica r's fill level while ``known[r]`` (the caller clears it
+    when r's loads or the envelope change)."""
     if not by_level or loads.shape[1] == 1:
         return _stage2_replica(free, loads, env, True)
     g = -1
@@ -505,9 +587,11 @@ def _fill_replica(free, loads, env, d, alpha, beta, by_level, marg):  # pragma: 
     for r in range(loads.shape[0]):
         if free[r] <= 0:
             continue
-        level = _fill_level(loads, env, r, d, alpha, beta, marg)
-        if g < 0 or level > best or (level == best and free[r] > free[g]):
-            g, best = r, level
+        if not known[r]:
+            level[r] = _fill_level(loads, env, r, d, alpha, beta, marg)
+            known[r] = True
+        if g < 0 or level[r] > best or (level[r] == best and free[r] > free[g]):
+            g, best = r, level[r]
     return g
 
 
@@ -550,11 +634,14 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
     q_set = np.empty(n_pool, dtype=np.int64)
     marg = np.empty(width)
     mg = np.empty(width)
+    level = np.empty(loads.shape[0])
+    known = np.zeros(loads.shape[0], dtype=np.bool_)
     while placed < remaining:
-        g = _fill_replica(free, loads, env, d, alpha, beta, by_level, marg)
+        g = _fill_replica(free, loads, env, d, alpha, beta, by_level, marg, level, known)
         # best F({i}) + u_i, ties: pool order
-        single, f_single = _pick_single(prune, order, count, ub, alive, sizes, growth, exact, lin, cmax,
-                                        loads, env, g, d, alpha, ad, beta, bonus, tot, f1, mg)
+        single, f_single = _pick_single(prune, order, count, ub, alive, sizes, growth, exact, lin,
+                                        cmax, loads, env, g, d, alpha, ad, beta, bonus, tot, f1,
+                                        mg)
         cap = min(free[g], remaining - placed)
         # every slot but the tick's slack (Σ free − still to place) is filled this tick, so g takes
         # at least free[g] − slack now: fewer would only defer the rest to an overflow
@@ -604,9 +691,11 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
         if not best_f > 0.0:  # starvation guard: the best single request
             best_n = 1
             out_i[placed] = single
+        known[g] = False
         for _ in range(best_n):
             i = out_i[placed]
-            _place(i, g, loads, env, sizes, growth, has_growth, free, alive)
+            if _place(i, g, loads, env, sizes, growth, has_growth, free, alive):
+                known[:] = False
             free_sum -= 1
             out_g[placed] = g
             placed += 1
@@ -640,37 +729,8 @@ def two_stage_kernel(
     remaining = min(free_sum, n_pool)
     if remaining <= 0:
         return 0
-    # per-tick constants: each candidate's own value Σ_h d_h c_i(h) (exact), the urgency bonus,
-    # and either the bound order of the best-first search (a horizon) or the largest contribution
-    # at each h (the pool scan skips steps no one overflows)
-    lin = np.zeros(n_pool)
-    if exact:
-        _values(sizes, growth, d, lin)
-    bonus = np.zeros(n_pool)
-    if ttft_slo_s > 0.0 and ttft_slo_s < np.inf:
-        top = -np.inf
-        for j in range(n_pool):
-            v = alpha * lin[j] if exact else ad * sizes[j]
-            if v > top:
-                top = v
-        for j in range(n_pool):
-            bonus[j] = top * (wait[j] / ttft_slo_s)
-    ub = np.empty(n_pool)
-    for j in range(n_pool):
-        ub[j] = (alpha * lin[j] if exact else ad * sizes[j]) + bonus[j]
-    prune = width > 1 and _prunable(d, beta, ub)
-    cmax = np.empty(width)
-    if prune:
-        ranked, ranked_n = _bound_order(ub)
-    else:
-        ranked, ranked_n = np.empty((2, 0), dtype=np.int64), np.zeros(2, dtype=np.int64)
-        for h in range(width):
-            top = sizes[0] + growth[0, h] if exact else sizes[0]
-            for j in range(1, n_pool):
-                c = sizes[j] + growth[j, h] if exact else sizes[j]
-                if c > top:
-                    top = c
-            cmax[h] = top
+    lin, bonus, ub, prune, ranked, ranked_n, cmax = _pool_setup(
+        sizes, growth, wait, d, alpha, ad, beta, exact, ttft_slo_s)
     alive = np.ones(n_pool, dtype=np.bool_)
     tot = np.empty(n_pool)
     f1 = np.empty(n_pool)
@@ -734,8 +794,8 @@ def two_stage_kernel(
                     g, best_m = r, m0
             elif free[r] > free[g] or (free[r] == free[g] and loads[r, 0] < loads[g, 0]):
                 g, best_m = r, m0
-        i, _ = _pick_single(prune, ranked, ranked_n, ub, alive, sizes, growth, exact, lin, cmax, loads, env,
-                            g, d, alpha, ad, beta, bonus, tot, f1, mg)
+        i, _ = _pick_single(prune, ranked, ranked_n, ub, alive, sizes, growth, exact, lin, cmax,
+                            loads, env, g, d, alpha, ad, beta, bonus, tot, f1, mg)
         _place(i, g, loads, env, sizes, growth, has_growth, free, alive)
         free_sum -= 1
         out_i[placed] = i
@@ -754,30 +814,8 @@ def two_stage_kernel(
     while placed < remaining:
         g = _stage2_replica(free, loads, env, False)
         k = min(r_max, n_pool - placed)
-        # cand[:k]: best F({i}) + u_i first, ties in pool order
-        if prune:
-            _margins(loads, env, g, mg)
-            _best_k(k, ranked, ranked_n, ub, alive, sizes, growth, exact, lin, mg, d, alpha, ad, beta, bonus,
-                    cand, cand_f)
-        else:
-            _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus,
-                         tot, f1)
-            n_c = 0
-            for j in range(n_pool):
-                if not alive[j]:
-                    continue
-                v = f1[j]
-                if n_c == k:
-                    if not v > f1[cand[k - 1]]:
-                        continue
-                    pos = k - 1
-                else:
-                    pos = n_c
-                    n_c += 1
-                while pos > 0 and f1[cand[pos - 1]] < v:
-                    cand[pos] = cand[pos - 1]
-                    pos -= 1
-                cand[pos] = j
+        _pick_k(prune, k, ranked, ranked_n, ub, alive, sizes, growth, exact, lin, cmax, loads, env,
+                g, d, alpha, ad, beta, bonus, tot, f1, mg, cand, cand_f)
         cap = min(free[g], k)
         best_f = -np.inf
         best_size = 0
