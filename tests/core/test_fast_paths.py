@@ -303,6 +303,24 @@ def test_best_first_search_picks_what_the_pool_scan_picks(case, data):
         assert picked[0] == picked[1]
 
 
+
+@needs_numba
+@pytest.mark.parametrize("s_greedy, r_max", [(-1, 0), (8, 1), (8, 2), (8, 0)])
+def test_best_first_search_keeps_a_tie_with_a_request_of_smaller_bound(s_greedy, r_max):
+    # replica 0's margins are (10, 10); request 1 (11 tokens) has the larger bound 22 but
+    # overflows by 1 at both steps, F = 22 − 2 = 20; request 0 (10 tokens) fits, F = its bound 20.
+    # The tie goes to the earlier request, which the search meets second: it must not stop at a
+    # bound equal to the best score (Stage 1, the paper's Stage 2 with 1 and 2 candidates, fill)
+    loads, free = np.array([[0.0, 0.0], [10.0, 10.0]]), np.array([1, 0])
+    prompt, wait, growth = np.array([10, 11]), np.zeros(2), np.zeros((2, 2))
+    kwargs = dict(d=np.ones(2), alpha=1.0, beta=1.0, s_greedy=s_greedy, r_max=r_max,
+                  deadline_s=30.0, ttft_slo_s=None)
+    got = two_stage.two_stage_assign(loads, free, prompt, wait, growth=growth, **kwargs)
+    assert got.pool_index.tolist() == [0] and got.replica.tolist() == [0]
+    want = reference_tick(loads.tolist(), free.tolist(), prompt.tolist(), wait.tolist(),
+                          growth=growth.tolist(), **{**kwargs, "d": [1.0, 1.0]})
+    assert want == [(0, 0)]
+
 def _sequential_sum(values):
     total = 0.0
     for v in values.tolist():
