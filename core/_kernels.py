@@ -41,8 +41,9 @@ RUNNING, DONE, MAX_STEPS, STUCK = 0, 1, 2, 3
 # candidate's own projected trajectory: s_i + h while it stays, 0 after); otherwise c_i(h) = s_i
 # (the paper's form, computed as (α·Σ_h d_h)·Δ − β·Σ…). u_i is the urgency bonus (0 when off).
 # A term with δ ≤ m_h adds ±0.0, which leaves the running sum unchanged, so skipping it is exact
-# (this is what makes the pool scan cheap: only the horizon steps where some pooled request
-# would overflow are visited).
+# (BR-0's pool scan visits only the steps where some pooled request would overflow; with a
+# horizon the best single requests are found by the best-first search below, which scores only
+# the requests that might still beat the best found).
 
 
 @njit
@@ -171,10 +172,10 @@ def _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact,
                 top = v
         for j in range(n_pool):
             bonus[j] = top * (wait[j] / ttft_slo_s)
-    ub = np.empty(n_pool)
-    for j in range(n_pool):
+    ub = np.empty(n_pool if d.shape[0] > 1 else 0)  # (BR-0 scans its pool: P terms per pop)
+    for j in range(ub.shape[0]):
         ub[j] = (alpha * lin[j] if exact else ad * sizes[j]) + bonus[j]
-    prune = d.shape[0] > 1 and _prunable(d, beta, ub)
+    prune = ub.shape[0] > 0 and _prunable(d, beta, ub)
     cmax = np.empty(d.shape[0])
     if prune:
         ranked, ranked_n = _bound_order(ub)
