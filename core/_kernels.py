@@ -172,10 +172,13 @@ def _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact,
                 top = v
         for j in range(n_pool):
             bonus[j] = top * (wait[j] / ttft_slo_s)
-    ub = np.empty(n_pool if d.shape[0] > 1 else 0)  # (BR-0 scans its pool: P terms per pop)
-    for j in range(ub.shape[0]):
-        ub[j] = (alpha * lin[j] if exact else ad * sizes[j]) + bonus[j]
-    prune = ub.shape[0] > 0 and _prunable(d, beta, ub)
+    if d.shape[0] == 1:  # BR-0 scans its pool (P terms per pop): no bound (``ub`` unused)
+        ub = lin
+    else:
+        ub = np.empty(n_pool)
+        for j in range(n_pool):
+            ub[j] = (alpha * lin[j] if exact else ad * sizes[j]) + bonus[j]
+    prune = d.shape[0] > 1 and _prunable(d, beta, ub)
     cmax = np.empty(d.shape[0])
     if prune:
         ranked, ranked_n = _bound_order(ub)
@@ -619,8 +622,8 @@ def _set_score(q, n_q, sizes, growth, exact, bonus, loads, env, g, d, alpha, ad,
 
 @njit
 def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, lin, cmax, d, alpha,
-                ad, beta, bonus, tot, f1, traj, alive, placed, remaining, by_level, prune, order,
-                count, ub, out_i, out_g):  # pragma: no cover - compiled
+                ad, beta, bonus, tot, f1, traj, mg, alive, placed, remaining, by_level, prune,
+                order, count, ub, out_i, out_g):  # pragma: no cover - compiled
     """Stage 2 as a fill (``r_max = 0``): while slots are left, the open replica with the largest
     fill level (``by_level``; else margin m(0); ties: more free slots, lower index, see
     :func:`_fill_replica`) takes the best of the DP's proposals
@@ -634,8 +637,7 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
     qsize = np.empty(min(n_pool, FILL_WINDOW), dtype=np.int64)
     q_set = np.empty(n_pool, dtype=np.int64)
     marg = np.empty(width)
-    mg = np.empty(width)
-    level = np.empty(loads.shape[0])
+    level = np.empty(loads.shape[0])  # (read only with fill levels: a horizon and ``by_level``)
     known = np.zeros(loads.shape[0], dtype=np.bool_)
     while placed < remaining:
         g = _fill_replica(free, loads, env, d, alpha, beta, by_level, marg, level, known)
@@ -805,8 +807,8 @@ def two_stage_kernel(
 
     if r_max <= 0:  # (2') the fill: exact subset sums over the pool, replicas by margin
         return _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, lin, cmax,
-                           d, alpha, ad, beta, bonus, tot, f1, traj, alive, placed, remaining,
-                           fill_by_level, prune, ranked, ranked_n, ub, out_i, out_g)
+                           d, alpha, ad, beta, bonus, tot, f1, traj, mg, alive, placed,
+                           remaining, fill_by_level, prune, ranked, ranked_n, ub, out_i, out_g)
     # (2) scarce room: best subset of the top r_max candidates for the top replica
     cand = np.empty(max(r_max, 1), dtype=np.int64)
     cand_f = np.empty(max(r_max, 1))
