@@ -472,7 +472,27 @@ def _fill_proposals(items, qsize, n_items, k_lo, cap, safe_q, hi_q, prop, prop_l
     items (−1 for the empty set), recorded as its bit is newly set. A k-subset is rebuilt from the
     last item back, taking item t whenever the sum left minus its size is reachable with k − 1 of
     the items before it, i.e. ``first[k − 1, left − s_t] < t``. Writes the sets (item positions,
-    ascending) to ``prop`` rows with their sizes in ``prop_len``; returns the number of sets."""
+    ascending) to ``prop`` rows with their sizes in ``prop_len``; returns the number of sets.
+
+    With ``cap = 1`` (a replica with one free slot) the sets are single items: the rebuild takes
+    the last item whose size is the sum, so one scan finds them without the bitsets."""
+    if cap == 1:
+        low = -1  # the last item of the largest size <= safe_q, then of the smallest above it
+        high = -1
+        for t in range(n_items):
+            s = qsize[t]
+            if s <= safe_q:
+                if low < 0 or s >= qsize[low]:
+                    low = t
+            elif s <= hi_q and (high < 0 or s <= qsize[high]):
+                high = t
+        n_prop = 0
+        for t in (low, high):
+            if t >= 0:
+                prop[n_prop, 0] = t
+                prop_len[n_prop] = 1
+                n_prop += 1
+        return n_prop
     words = (hi_q >> 6) + 1
     last_bits = (hi_q & 63) + 1
     last_mask = np.uint64(0xFFFFFFFFFFFFFFFF) if last_bits == 64 else \
