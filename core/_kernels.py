@@ -41,8 +41,9 @@ RUNNING, DONE, MAX_STEPS, STUCK = 0, 1, 2, 3
 # candidate's own projected trajectory: s_i + h while it stays, 0 after); otherwise c_i(h) = s_i
 # (the paper's form, computed as (α·Σ_h d_h)·Δ − β·Σ…). u_i is the urgency bonus (0 when off).
 # A term with δ ≤ m_h adds ±0.0, which leaves the running sum unchanged, so skipping it is exact
-# (this is what makes the pool scan cheap: only the horizon steps where some pooled request
-# would overflow are visited).
+# (BR-0's pool scan visits only the steps where some pooled request would overflow; with a
+# horizon the best single requests are found by the best-first search below, which scores only
+# the requests that might still beat the best found).
 
 
 @njit
@@ -106,24 +107,300 @@ def _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, b
             out[j] = (ad * sizes[j] - beta * tot[j]) + bonus[j]
 
 
+# Best-first search over the pool (a horizon, W > 1). Every F({j}) + u_j is at most its bound
+# ub_j = α·Σ_h d_h c_j(h) + u_j (exact; (α·Σ d)·s_j + u_j for the paper's form), the score with
+# no overflow: with β ≥ 0 and d ≥ 0 the overflow sum is ≥ 0, and rounded subtraction and addition
+# are monotone, so the computed F never exceeds the computed ub, and equals it when nothing
+# overflows. Visiting the pool once per tick in ub order (ties: pool order) and stopping at the
+# first ub below the best F found (the k-th best, for Stage 2's candidates) finds exactly the
+# requests — ties included — that the full scan finds, each visited one scored with the full
+# scan's operations in its order. The top of the order usually fits the replica (its F is its
+# ub), so a pop scores a handful of requests where the scan scored all P over H + 1 steps.
+
+
+@njit
+def _values(sizes, growth, d, lin):  # pragma: no cover - compiled
+    """lin[j] = Σ_h d_h·(s_j + growth_j(h)), summed h = 0, 1, … (four requests at a time: the
+    same operations per request, in independent chains)."""
+    n, width = growth.shape
+    j = 0
+    while j + 4 <= n:
+        a0 = a1 = a2 = a3 = 0.0
+        for h in range(width):
+            dh = d[h]
+            a0 += dh * (sizes[j] + growth[j, h])
+            a1 += dh * (sizes[j + 1] + growth[j + 1, h])
+            a2 += dh * (sizes[j + 2] + growth[j + 2, h])
+            a3 += dh * (sizes[j + 3] + growth[j + 3, h])
+        lin[j], lin[j + 1], lin[j + 2], lin[j + 3] = a0, a1, a2, a3
+        j += 4
+    for r in range(j, n):
+        acc = 0.0
+        for h in range(width):
+            acc += d[h] * (sizes[r] + growth[r, h])
+        lin[r] = acc
+
+
+@njit
+def _largest_contribution(sizes, growth, exact, cmax):  # pragma: no cover - compiled
+    """cmax[h] = max_j c_j(h): the pool scan skips the steps where no request overflows."""
+    for h in range(cmax.shape[0]):
+        top = sizes[0] + growth[0, h] if exact else sizes[0]
+        for j in range(1, sizes.shape[0]):
+            c = sizes[j] + growth[j, h] if exact else sizes[j]
+            if c > top:
+                top = c
+        cmax[h] = top
+
+
+@njit
+def _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact,
+                ttft_slo_s):  # pragma: no cover - compiled
+    """A tick's constants of the pool (P ≥ 1): each request's own value lin_j = Σ_h d_h c_j(h)
+    (exact), the urgency bonus u_j, the bound ub_j, and either the bound order of the best-first
+    search (``prune``: a horizon and a valid bound) or the pool scan's ``cmax``."""
+    n_pool = sizes.shape[0]
+    lin = np.zeros(n_pool)
+    if exact:
+        _values(sizes, growth, d, lin)
+    bonus = np.zeros(n_pool)
+    if ttft_slo_s > 0.0 and ttft_slo_s < np.inf:
+        top = -np.inf
+        for j in range(n_pool):
+            v = alpha * lin[j] if exact else ad * sizes[j]
+            if v > top:
+                top = v
+        for j in range(n_pool):
+            bonus[j] = top * (wait[j] / ttft_slo_s)
+    if d.shape[0] == 1:  # BR-0 scans its pool (P terms per pop): no bound (``ub`` unused)
+        ub = lin
+    else:
+        ub = np.empty(n_pool)
+        for j in range(n_pool):
+            ub[j] = (alpha * lin[j] if exact else ad * sizes[j]) + bonus[j]
+    prune = d.shape[0] > 1 and _prunable(d, beta, ub)
+    cmax = np.empty(d.shape[0])
+    if prune:
+        ranked, ranked_n = _bound_order(ub)
+    else:
+        ranked, ranked_n = np.empty((2, 0), dtype=np.int64), np.zeros(2, dtype=np.int64)
+        _largest_contribution(sizes, growth, exact, cmax)
+    return lin, bonus, ub, prune, ranked, ranked_n, cmax
+
+
+@njit
+def _prunable(d, beta, ub):  # pragma: no cover - compiled
+    """Whether ub bounds every F({j}) + u_j: β ≥ 0, every d_h ≥ 0 and every ub finite."""
+    if not beta >= 0.0:
+        return False
+    for h in range(d.shape[0]):
+        if not d[h] >= 0.0:
+            return False
+    for j in range(ub.shape[0]):
+        if not np.isfinite(ub[j]):
+            return False
+    return True
+
+
+@njit
+def _ranks_before(ub, a, b):  # pragma: no cover - compiled
+    """Whether request a comes before b in the bound order: larger ub, ties the smaller index."""
+    return ub[a] > ub[b] or (ub[a] == ub[b] and a < b)
+
+
+@njit
+def _sift_down(ub, heap, n, pos):  # pragma: no cover - compiled
+    """Restore the heap property of ``heap[:n]`` below position ``pos``."""
+    item = heap[pos]
+    while True:
+        c = 2 * pos + 1
+        if c >= n:
+            break
+        if c + 1 < n and _ranks_before(ub, heap[c + 1], heap[c]):
+            c += 1
+        if not _ranks_before(ub, heap[c], item):
+            break
+        heap[pos] = heap[c]
+        pos = c
+    heap[pos] = item
+
+
+@njit
+def _bound_order(ub):  # pragma: no cover - compiled
+    """The bound order, built lazily: row 0 holds its first ``count[0]`` requests, row 1 a heap
+    (``count[1]`` entries) of the rest. A tick usually reads a few dozen, so sorting all P would
+    cost more than the search; :func:`_ordered` extends the prefix on demand."""
+    n = ub.shape[0]
+    order = np.empty((2, n), dtype=np.int64)
+    for j in range(n):
+        order[1, j] = j
+    for pos in range(n // 2 - 1, -1, -1):
+        _sift_down(ub, order[1], n, pos)
+    count = np.zeros(2, dtype=np.int64)
+    count[1] = n
+    return order, count
+
+
+@njit
+def _ordered(t, ub, order, count):  # pragma: no cover - compiled
+    """The t-th request of the bound order (−1 past the end), extending the prefix as needed."""
+    while count[0] <= t:
+        if count[1] == 0:
+            return -1
+        heap = order[1]
+        order[0, count[0]] = heap[0]
+        count[0] += 1
+        count[1] -= 1
+        heap[0] = heap[count[1]]
+        _sift_down(ub, heap, count[1], 0)
+    return order[0, t]
+
+
+@njit
+def _margins(loads, env, g, marg):  # pragma: no cover - compiled
+    """marg[h] = M̂(h) − L̂_g(h), the margins of replica g."""
+    for h in range(marg.shape[0]):
+        marg[h] = env[h] - loads[g, h]
+
+
+@njit
+def _one_score(j, sizes, growth, exact, lin, marg, d, alpha, ad, beta,
+               bonus):  # pragma: no cover - compiled
+    """F({j}) + u_j against the margins ``marg``: :func:`_pool_scores`' value for j (the same
+    operations; the steps it leaves out add +0.0)."""
+    total = 0.0
+    for h in range(d.shape[0]):
+        if exact:
+            x = (sizes[j] + growth[j, h]) - marg[h]
+        else:
+            x = sizes[j] - marg[h]
+        if x > 0.0:
+            total += d[h] * x
+    if exact:
+        return (alpha * lin[j] - beta * total) + bonus[j]
+    return (ad * sizes[j] - beta * total) + bonus[j]
+
+
+@njit
+def _best_single(order, count, ub, alive, sizes, growth, exact, lin, marg, d, alpha, ad, beta,
+                 bonus):  # pragma: no cover - compiled
+    """The live request with the largest F({j}) + u_j (ties: pool order) and that score, by
+    best-first search in the bound order (see above)."""
+    best = -1
+    best_f = 0.0
+    for t in range(ub.shape[0]):
+        j = _ordered(t, ub, order, count)
+        if not alive[j]:
+            continue
+        if best >= 0 and ub[j] < best_f:
+            break
+        f = _one_score(j, sizes, growth, exact, lin, marg, d, alpha, ad, beta, bonus)
+        if best < 0 or f > best_f or (f == best_f and j < best):
+            best, best_f = j, f
+    return best, best_f
+
+
+@njit
+def _best_k(k, order, count, ub, alive, sizes, growth, exact, lin, marg, d, alpha, ad, beta,
+            bonus, cand, cand_f):  # pragma: no cover - compiled
+    """``cand[:n]``: the ``k`` live requests with the largest F({j}) + u_j, best first (ties: pool
+    order), by best-first search in the bound order; returns n = min(k, live requests)."""
+    n_c = 0
+    for t in range(ub.shape[0]):
+        j = _ordered(t, ub, order, count)
+        if not alive[j]:
+            continue
+        if n_c == k and ub[j] < cand_f[k - 1]:
+            break
+        v = _one_score(j, sizes, growth, exact, lin, marg, d, alpha, ad, beta, bonus)
+        if n_c == k:
+            last = cand[k - 1]
+            if not (v > cand_f[k - 1] or (v == cand_f[k - 1] and j < last)):
+                continue
+            pos = k - 1
+        else:
+            pos = n_c
+            n_c += 1
+        while pos > 0 and (cand_f[pos - 1] < v or (cand_f[pos - 1] == v and cand[pos - 1] > j)):
+            cand[pos] = cand[pos - 1]
+            cand_f[pos] = cand_f[pos - 1]
+            pos -= 1
+        cand[pos] = j
+        cand_f[pos] = v
+    return n_c
+
+
+@njit
+def _pick_single(prune, order, count, ub, alive, sizes, growth, exact, lin, cmax, loads, env, g, d,
+                 alpha, ad, beta, bonus, tot, f1, marg):  # pragma: no cover - compiled
+    """The live request with the largest F({j}) + u_j on replica g (ties: pool order) and its
+    score: best-first (``prune``) or by scoring the whole pool (:func:`_pool_scores`)."""
+    if prune:
+        _margins(loads, env, g, marg)
+        return _best_single(order, count, ub, alive, sizes, growth, exact, lin, marg, d, alpha, ad,
+                            beta, bonus)
+    _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus, tot, f1)
+    single = -1
+    for j in range(sizes.shape[0]):
+        if alive[j] and (single < 0 or f1[j] > f1[single]):
+            single = j
+    return single, f1[single]
+
+
+@njit
+def _pick_k(prune, k, order, count, ub, alive, sizes, growth, exact, lin, cmax, loads, env, g, d,
+            alpha, ad, beta, bonus, tot, f1, marg, cand, cand_f):  # pragma: no cover - compiled
+    """``cand[:k]``: the ``k`` (≤ live) requests with the largest F({j}) + u_j on replica g, best
+    first (ties: pool order): best-first (``prune``) or by scoring the whole pool."""
+    if prune:
+        _margins(loads, env, g, marg)
+        _best_k(k, order, count, ub, alive, sizes, growth, exact, lin, marg, d, alpha, ad, beta,
+                bonus, cand, cand_f)
+        return
+    _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus, tot, f1)
+    n_c = 0
+    for j in range(sizes.shape[0]):
+        if not alive[j]:
+            continue
+        v = f1[j]
+        if n_c == k:
+            if not v > f1[cand[k - 1]]:
+                continue
+            pos = k - 1
+        else:
+            pos = n_c
+            n_c += 1
+        while pos > 0 and f1[cand[pos - 1]] < v:
+            cand[pos] = cand[pos - 1]
+            pos -= 1
+        cand[pos] = j
+    for t in range(n_c):
+        cand_f[t] = f1[cand[t]]
+
+
 @njit
 def _place(i, g, loads, env, sizes, growth, has_growth, free, alive):  # pragma: no cover
-    """Request i joins replica g: L̂_g += s_i (+ growth_i); the envelope follows."""
+    """Request i joins replica g: L̂_g += s_i (+ growth_i); the envelope follows. Returns whether
+    the envelope changed (every replica's margins then changed)."""
     n_rep, width = loads.shape
+    moved = False
     for h in range(width):
         add = sizes[i] + growth[i, h] if has_growth else sizes[i]
         loads[g, h] += add
         if add >= 0.0:
             if loads[g, h] > env[h]:
                 env[h] = loads[g, h]
+                moved = True
         else:  # a shrinking projection: recompute this step's envelope
             top = loads[0, h]
             for r in range(1, n_rep):
                 if loads[r, h] > top:
                     top = loads[r, h]
+            moved = moved or top != env[h]
             env[h] = top
     free[g] -= 1
     alive[i] = False
+    return moved
 
 
 FILL_LEVELS = 4096
@@ -195,7 +472,27 @@ def _fill_proposals(items, qsize, n_items, k_lo, cap, safe_q, hi_q, prop, prop_l
     items (−1 for the empty set), recorded as its bit is newly set. A k-subset is rebuilt from the
     last item back, taking item t whenever the sum left minus its size is reachable with k − 1 of
     the items before it, i.e. ``first[k − 1, left − s_t] < t``. Writes the sets (item positions,
-    ascending) to ``prop`` rows with their sizes in ``prop_len``; returns the number of sets."""
+    ascending) to ``prop`` rows with their sizes in ``prop_len``; returns the number of sets.
+
+    With ``cap = 1`` (a replica with one free slot) the sets are single items: the rebuild takes
+    the last item whose size is the sum, so one scan finds them without the bitsets."""
+    if cap == 1:
+        low = -1  # the last item of the largest size <= safe_q, then of the smallest above it
+        high = -1
+        for t in range(n_items):
+            s = qsize[t]
+            if s <= safe_q:
+                if low < 0 or s >= qsize[low]:
+                    low = t
+            elif s <= hi_q and (high < 0 or s <= qsize[high]):
+                high = t
+        n_prop = 0
+        for t in (low, high):
+            if t >= 0:
+                prop[n_prop, 0] = t
+                prop_len[n_prop] = 1
+                n_prop += 1
+        return n_prop
     words = (hi_q >> 6) + 1
     last_bits = (hi_q & 63) + 1
     last_mask = np.uint64(0xFFFFFFFFFFFFFFFF) if last_bits == 64 else \
@@ -301,10 +598,12 @@ def _fill_level(loads, env, g, d, alpha, beta, marg):  # pragma: no cover - comp
 
 
 @njit
-def _fill_replica(free, loads, env, d, alpha, beta, by_level, marg):  # pragma: no cover - compiled
+def _fill_replica(free, loads, env, d, alpha, beta, by_level, marg, level,
+                  known):  # pragma: no cover - compiled
     """The open replica the fill serves next: the largest fill level (``by_level``, with a horizon;
     with H = 0 it is the margin m(0)) or the largest margin m(0); ties: more free slots, lower
-    index."""
+    index. ``level[r]`` caches replica r's fill level while ``known[r]`` (the caller clears it
+    when r's loads or the envelope change)."""
     if not by_level or loads.shape[1] == 1:
         return _stage2_replica(free, loads, env, True)
     g = -1
@@ -312,9 +611,11 @@ def _fill_replica(free, loads, env, d, alpha, beta, by_level, marg):  # pragma: 
     for r in range(loads.shape[0]):
         if free[r] <= 0:
             continue
-        level = _fill_level(loads, env, r, d, alpha, beta, marg)
-        if g < 0 or level > best or (level == best and free[r] > free[g]):
-            g, best = r, level
+        if not known[r]:
+            level[r] = _fill_level(loads, env, r, d, alpha, beta, marg)
+            known[r] = True
+        if g < 0 or level[r] > best or (level[r] == best and free[r] > free[g]):
+            g, best = r, level[r]
     return g
 
 
@@ -341,8 +642,8 @@ def _set_score(q, n_q, sizes, growth, exact, bonus, loads, env, g, d, alpha, ad,
 
 @njit
 def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, lin, cmax, d, alpha,
-                ad, beta, bonus, tot, f1, traj, alive, placed, remaining, by_level, out_i,
-                out_g):  # pragma: no cover - compiled
+                ad, beta, bonus, tot, f1, traj, mg, alive, placed, remaining, by_level, prune,
+                order, count, ub, out_i, out_g):  # pragma: no cover - compiled
     """Stage 2 as a fill (``r_max = 0``): while slots are left, the open replica with the largest
     fill level (``by_level``; else margin m(0); ties: more free slots, lower index, see
     :func:`_fill_replica`) takes the best of the DP's proposals
@@ -356,14 +657,14 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
     qsize = np.empty(min(n_pool, FILL_WINDOW), dtype=np.int64)
     q_set = np.empty(n_pool, dtype=np.int64)
     marg = np.empty(width)
+    level = np.empty(loads.shape[0])  # (read only with fill levels: a horizon and ``by_level``)
+    known = np.zeros(loads.shape[0], dtype=np.bool_)
     while placed < remaining:
-        g = _fill_replica(free, loads, env, d, alpha, beta, by_level, marg)
-        _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus,
-                     tot, f1)
-        single = -1  # best F({i}) + u_i, ties: pool order
-        for j in range(n_pool):
-            if alive[j] and (single < 0 or f1[j] > f1[single]):
-                single = j
+        g = _fill_replica(free, loads, env, d, alpha, beta, by_level, marg, level, known)
+        # best F({i}) + u_i, ties: pool order
+        single, f_single = _pick_single(prune, order, count, ub, alive, sizes, growth, exact, lin,
+                                        cmax, loads, env, g, d, alpha, ad, beta, bonus, tot, f1,
+                                        mg)
         cap = min(free[g], remaining - placed)
         # every slot but the tick's slack (Σ free − still to place) is filled this tick, so g takes
         # at least free[g] − slack now: fewer would only defer the rest to an overflow
@@ -406,16 +707,18 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
                         best_n = prop_len[p]
                         for t in range(best_n):
                             out_i[placed + t] = q_set[t]
-        if (k_lo == 1 or best_n == 0) and f1[single] > best_f:  # the single beats the proposals
-            best_f = f1[single]
+        if (k_lo == 1 or best_n == 0) and f_single > best_f:  # the single beats the proposals
+            best_f = f_single
             best_n = 1
             out_i[placed] = single
         if not best_f > 0.0:  # starvation guard: the best single request
             best_n = 1
             out_i[placed] = single
+        known[g] = False
         for _ in range(best_n):
             i = out_i[placed]
-            _place(i, g, loads, env, sizes, growth, has_growth, free, alive)
+            if _place(i, g, loads, env, sizes, growth, has_growth, free, alive):
+                known[:] = False
             free_sum -= 1
             out_g[placed] = g
             placed += 1
@@ -449,36 +752,13 @@ def two_stage_kernel(
     remaining = min(free_sum, n_pool)
     if remaining <= 0:
         return 0
-    # per-tick constants: each candidate's own value Σ_h d_h c_i(h) (exact), the largest
-    # contribution at each h (the pool scan skips steps no one overflows), the urgency bonus
-    lin = np.zeros(n_pool)
-    cmax = np.empty(width)
-    for h in range(width):
-        top = sizes[0] + growth[0, h] if exact else sizes[0]
-        for j in range(1, n_pool):
-            c = sizes[j] + growth[j, h] if exact else sizes[j]
-            if c > top:
-                top = c
-        cmax[h] = top
-    if exact:
-        for j in range(n_pool):
-            acc = 0.0
-            for h in range(width):
-                acc += d[h] * (sizes[j] + growth[j, h])
-            lin[j] = acc
-    bonus = np.zeros(n_pool)
-    if ttft_slo_s > 0.0 and ttft_slo_s < np.inf:
-        top = -np.inf
-        for j in range(n_pool):
-            v = alpha * lin[j] if exact else ad * sizes[j]
-            if v > top:
-                top = v
-        for j in range(n_pool):
-            bonus[j] = top * (wait[j] / ttft_slo_s)
+    lin, bonus, ub, prune, ranked, ranked_n, cmax = _pool_setup(
+        sizes, growth, wait, d, alpha, ad, beta, exact, ttft_slo_s)
     alive = np.ones(n_pool, dtype=np.bool_)
     tot = np.empty(n_pool)
     f1 = np.empty(n_pool)
     traj = np.empty(width)
+    mg = np.empty(width)
     placed = 0
 
     # (0) pool deadline, oldest first (stable: ties keep pool order)
@@ -537,12 +817,8 @@ def two_stage_kernel(
                     g, best_m = r, m0
             elif free[r] > free[g] or (free[r] == free[g] and loads[r, 0] < loads[g, 0]):
                 g, best_m = r, m0
-        _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus,
-                     tot, f1)
-        i = -1
-        for j in range(n_pool):
-            if alive[j] and (i < 0 or f1[j] > f1[i]):
-                i = j
+        i, _ = _pick_single(prune, ranked, ranked_n, ub, alive, sizes, growth, exact, lin, cmax,
+                            loads, env, g, d, alpha, ad, beta, bonus, tot, f1, mg)
         _place(i, g, loads, env, sizes, growth, has_growth, free, alive)
         free_sum -= 1
         out_i[placed] = i
@@ -551,33 +827,18 @@ def two_stage_kernel(
 
     if r_max <= 0:  # (2') the fill: exact subset sums over the pool, replicas by margin
         return _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, lin, cmax,
-                           d, alpha, ad, beta, bonus, tot, f1, traj, alive, placed, remaining,
-                           fill_by_level, out_i, out_g)
+                           d, alpha, ad, beta, bonus, tot, f1, traj, mg, alive, placed,
+                           remaining, fill_by_level, prune, ranked, ranked_n, ub, out_i, out_g)
     # (2) scarce room: best subset of the top r_max candidates for the top replica
     cand = np.empty(max(r_max, 1), dtype=np.int64)
+    cand_f = np.empty(max(r_max, 1))
     idx = np.empty(max(r_max, 1), dtype=np.int64)
     best_q = np.empty(max(r_max, 1), dtype=np.int64)
     while placed < remaining:
         g = _stage2_replica(free, loads, env, False)
-        _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus,
-                     tot, f1)
         k = min(r_max, n_pool - placed)
-        n_c = 0  # cand[:n_c]: best F({i}) + u_i first, ties in pool order
-        for j in range(n_pool):
-            if not alive[j]:
-                continue
-            v = f1[j]
-            if n_c == k:
-                if not v > f1[cand[k - 1]]:
-                    continue
-                pos = k - 1
-            else:
-                pos = n_c
-                n_c += 1
-            while pos > 0 and f1[cand[pos - 1]] < v:
-                cand[pos] = cand[pos - 1]
-                pos -= 1
-            cand[pos] = j
+        _pick_k(prune, k, ranked, ranked_n, ub, alive, sizes, growth, exact, lin, cmax, loads, env,
+                g, d, alpha, ad, beta, bonus, tot, f1, mg, cand, cand_f)
         cap = min(free[g], k)
         best_f = -np.inf
         best_size = 0

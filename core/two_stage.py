@@ -12,7 +12,11 @@ single-request value in the pool) makes waiting part of the decision (``papers/t
 
 The tick runs as one compiled kernel (``_kernels.two_stage_kernel``, numba) that performs the
 floating-point operations of the literal reference (``analysis/reference.py``) in the same
-order, so its decisions equal the reference's exactly; without numba the numpy implementation
+order, so its decisions equal the reference's exactly; with a horizon it finds a replica's best
+single requests by a best-first search over the pool, in the order of each request's
+no-overflow bound α·Σ_h d_h c_i(h) + u_i, and scores (with those operations) only the requests
+whose bound still reaches the best score found — the same requests, ties included, as scoring
+the whole pool over H + 1 steps per pop. Without numba the numpy implementation
 :func:`_two_stage_numpy` runs instead. The simulator, the proxy's ledger and the benchmarks all
 reach the kernel through :func:`two_stage_assign` (or, in the simulator's fused loop, call it
 directly): there is no second implementation on any hot path.

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from .._jit import HAVE_NUMBA, njit
 from ..workloads.base import Workload
 from .base import RequestFeatures, check_horizon
 
@@ -46,6 +47,26 @@ def _from_counts(
     mean_out = (prefix[ends] - prefix[starts]) / np.maximum(done, 1)
     mu_rem = np.where(done > 0, mean_out - a, float(horizon))
     return p_fin.astype(np.float64), np.clip(mu_rem, 1.0, float(horizon)), alive
+
+
+@njit
+def _table_kernel(count_le, prefix, n_out, ages, horizon):  # pragma: no cover - compiled
+    """``predict``'s table look-ups and :func:`_from_counts` fused, request by request (the same
+    operations: int counts divided as float64, ``mean − a`` then clipped to [1, H])."""
+    top = count_le.shape[0] - 1
+    p_fin = np.empty(ages.shape[0])
+    mu_rem = np.empty(ages.shape[0])
+    for i in range(ages.shape[0]):
+        a = ages[i]
+        start = count_le[min(max(a, 0), top)]
+        end = count_le[min(max(a + horizon, 0), top)]
+        alive = n_out - start
+        done = end - start
+        p_fin[i] = done / max(alive, 1) if alive > 0 else 0.0
+        mean_out = (prefix[end] - prefix[start]) / max(done, 1)
+        mu = mean_out - a if done > 0 else float(horizon)
+        mu_rem[i] = min(max(mu, 1.0), float(horizon))
+    return p_fin, mu_rem
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -89,6 +110,9 @@ class EmpiricalSurvival:
         table (the same counts ``survival_estimates`` gets from ``searchsorted``)."""
         horizon = check_horizon(horizon)
         a = np.asarray(ages, dtype=np.int64)
+        if HAVE_NUMBA and a.ndim == 1:
+            return _table_kernel(self.count_le, self.prefix, self.sorted_out.shape[0],
+                                 np.ascontiguousarray(a), horizon)
         top = self.count_le.shape[0] - 1
         starts = self.count_le[np.clip(a, 0, top)]
         ends = self.count_le[np.clip(a + horizon, 0, top)]

@@ -13,7 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from balanceroute.core import fused, projection, simulator, two_stage
-from balanceroute.core._kernels import _fill_proposals
+from balanceroute.core._kernels import (
+    _fill_proposals,
+    _largest_contribution,
+    _pick_k,
+    _pick_single,
+    _pool_setup,
+)
 from balanceroute.core.dynamics import StepModel
 from balanceroute.core.policies import get_policy
 from balanceroute.core.policies.br0 import BR0Policy
@@ -230,6 +236,125 @@ def test_fill_kernel_proposals_equal_the_python_programme(data, n, cap, hi_q):
                             k_lo, cap, safe_q, hi_q, prop, prop_len)
     got = [prop[p, : prop_len[p]].tolist() for p in range(count)]
     assert got == two_stage.fill_proposals(qsize, k_lo, cap, safe_q, hi_q)
+
+
+# --- the best-first pool search == the pool scan --------------------------------------------
+# With a horizon the kernel visits the pool in the order of each request's no-overflow bound and
+# stops at the first bound below the best score; the scan scores every request. Same inputs,
+# float margins and discounts (inexact arithmetic), many equal requests (ties), dead requests.
+
+search_states = st.fixed_dictionaries({
+    "replicas": st.integers(1, 4),
+    "width": st.integers(2, 10),
+    "n": st.integers(1, 40),
+    "gamma": st.sampled_from([0.86, 0.5, 1.0]),
+    "alpha": st.sampled_from([1.0, 0.7]),
+    "beta": st.sampled_from([0.0, 3.0, 16.0]),
+    "exact": st.booleans(),
+    "slo": st.sampled_from([np.inf, 2.0]),
+    "generic_growth": st.booleans(),  # any growth, not only (s + h)·[h < r] − s
+})
+
+
+@needs_numba
+@settings(max_examples=250, deadline=None)
+@given(search_states, st.data())
+def test_best_first_search_picks_what_the_pool_scan_picks(case, data):
+    g_count, width, n = case["replicas"], case["width"], case["n"]
+    def ints(lo, hi, size):
+        return np.array(data.draw(st.lists(st.integers(lo, hi), min_size=size, max_size=size)),
+                        dtype=np.int64)
+
+    sizes = np.array(data.draw(st.lists(st.sampled_from([1, 7, 50, 300, 2000]) | st.integers(1, 3000),
+                                        min_size=n, max_size=n)), dtype=np.float64)
+    if case["generic_growth"]:
+        growth = ints(-50, 400, n * width).reshape(n, width).astype(np.float64)
+    else:
+        growth = projection.placement_growth(sizes.astype(np.int64), ints(1, width, n), width - 1)
+    wait = np.array(data.draw(st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=n, max_size=n)))
+    loads = (ints(0, 3000, g_count * width) + 0.1 * ints(0, 9, g_count * width)).reshape(g_count, width)
+    d = case["gamma"] ** np.arange(width)
+    d[ints(0, width - 1, data.draw(st.integers(0, 2)))] = 0.0  # zero weights: overflow counts 0
+    alpha, beta, exact = case["alpha"], case["beta"], case["exact"]
+    ad = alpha * _sequential_sum(d)  # α·Σ d, summed as the kernel sums it
+    env = loads.max(axis=0)
+    lin, bonus, ub, prune, order, count, _ = _pool_setup(
+        sizes, growth, wait, d, alpha, ad, beta, exact, case["slo"])
+    assert prune
+    cmax = np.empty(width)
+    _largest_contribution(sizes, growth, exact, cmax)
+    tot, f1, marg = np.empty(n), np.empty(n), np.empty(width)
+    for _ in range(3):  # the order's prefix persists across pops, as in a tick
+        alive = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+        if not alive.any():
+            continue
+        g = data.draw(st.integers(0, g_count - 1))
+        args = (alive, sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus,
+                tot, f1, marg)
+        fast = _pick_single(True, order, count, ub, *args)
+        scan = _pick_single(False, order, count, ub, *args)
+        assert fast == scan  # the same request and the same score, bit for bit
+        k = data.draw(st.integers(1, int(alive.sum())))
+        picked = []
+        for prune_now in (True, False):
+            cand, cand_f = np.empty(k, np.int64), np.empty(k)
+            _pick_k(prune_now, k, order, count, ub, *args, cand, cand_f)
+            picked.append((cand.tolist(), cand_f.tolist()))
+        assert picked[0] == picked[1]
+
+
+
+@needs_numba
+@pytest.mark.parametrize("s_greedy, r_max", [(-1, 0), (8, 1), (8, 2), (8, 0)])
+def test_best_first_search_keeps_a_tie_with_a_request_of_smaller_bound(s_greedy, r_max):
+    # replica 0's margins are (10, 10); request 1 (11 tokens) has the larger bound 22 but
+    # overflows by 1 at both steps, F = 22 − 2 = 20; request 0 (10 tokens) fits, F = its bound 20.
+    # The tie goes to the earlier request, which the search meets second: it must not stop at a
+    # bound equal to the best score (Stage 1, the paper's Stage 2 with 1 and 2 candidates, fill)
+    loads, free = np.array([[0.0, 0.0], [10.0, 10.0]]), np.array([1, 0])
+    prompt, wait, growth = np.array([10, 11]), np.zeros(2), np.zeros((2, 2))
+    kwargs = dict(d=np.ones(2), alpha=1.0, beta=1.0, s_greedy=s_greedy, r_max=r_max,
+                  deadline_s=30.0, ttft_slo_s=None)
+    got = two_stage.two_stage_assign(loads, free, prompt, wait, growth=growth, **kwargs)
+    assert got.pool_index.tolist() == [0] and got.replica.tolist() == [0]
+    want = reference_tick(loads.tolist(), free.tolist(), prompt.tolist(), wait.tolist(),
+                          growth=growth.tolist(), **{**kwargs, "d": [1.0, 1.0]})
+    assert want == [(0, 0)]
+
+def _sequential_sum(values):
+    total = 0.0
+    for v in values.tolist():
+        total += v
+    return total
+
+
+@needs_numba
+@settings(max_examples=120, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 12), st.integers(0, 8), st.integers(0, 4), st.data())
+def test_brh_tick_with_inexact_scores_equals_the_reference(g_count, horizon, s_greedy, r_max, data):
+    # BR-H's shape (γ = 0.86, fractional loads, departures inside the window) on pools with many
+    # equal requests: the kernel's best-first search decides as the literal reference's scan
+    width = horizon + 1
+    n = data.draw(st.integers(1, 36))
+    prompt = np.array(data.draw(st.lists(st.sampled_from([3, 40, 700, 2500]) | st.integers(1, 4000),
+                                         min_size=n, max_size=n)), dtype=np.int64)
+    wait = np.array(data.draw(st.lists(st.sampled_from([0.0, 0.25, 0.5, 31.0]), min_size=n, max_size=n)))
+    dep = np.array(data.draw(st.lists(st.integers(1, width), min_size=n, max_size=n)), dtype=np.int64)
+    free = np.array(data.draw(st.lists(st.integers(0, 4), min_size=g_count, max_size=g_count)))
+    base = np.array(data.draw(st.lists(st.integers(0, 20_000), min_size=g_count, max_size=g_count)))
+    slope = np.array(data.draw(st.lists(st.integers(-300, 300), min_size=g_count, max_size=g_count)))
+    proj = (base[:, None] + slope[:, None] * np.arange(width)) * 1.1 + 0.3
+    growth = projection.placement_growth(prompt, dep, horizon)
+    options = data.draw(st.fixed_dictionaries({
+        "score": st.sampled_from(["exact", "paper"]), "ttft_slo_s": st.sampled_from([None, 4.0]),
+        "beta": st.sampled_from([2.0 * g_count, 0.5]),
+    }))
+    kwargs = dict(d=0.86 ** np.arange(width), alpha=1.0, s_greedy=s_greedy, r_max=r_max,
+                  deadline_s=30.0, growth_steps=float(64), **options)
+    got = two_stage.two_stage_assign(proj, free, prompt, wait, growth=growth, **kwargs)
+    want = reference_tick(proj.tolist(), free.tolist(), prompt.tolist(), wait.tolist(),
+                          growth=growth.tolist(), **{**kwargs, "d": kwargs["d"].tolist()})
+    assert list(zip(got.pool_index.tolist(), got.replica.tolist())) == want
 
 
 # --- projection kernels == numpy expressions ------------------------------------------------

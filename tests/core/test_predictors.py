@@ -228,11 +228,14 @@ def test_learned_predictor_trains_and_beats_noise():
         pred.predict(feats, ages, 80)
 
 
-def test_survival_table_lookup_equals_searchsorted():
+@pytest.mark.parametrize("compiled", [True, False])
+def test_survival_table_lookup_equals_searchsorted(compiled, monkeypatch):
     # the O(1) count table must give exactly the searchsorted estimates, ages past the longest
-    # output included
+    # output included, compiled (the fused look-up kernel) or in numpy
+    from balanceroute.core.predictors import survival
     from balanceroute.core.predictors.survival import EmpiricalSurvival, survival_estimates
 
+    monkeypatch.setattr(survival, "HAVE_NUMBA", compiled and survival.HAVE_NUMBA)
     rng = np.random.default_rng(4)
     out = rng.integers(1, 3000, size=500)
     model = EmpiricalSurvival.from_lengths(out)
