@@ -130,15 +130,17 @@ def placement_growth(prompt_len: NDArray, dep: NDArray, horizon: int) -> NDArray
     return _growth_kernel(s, dp.astype(np.int64, copy=False), int(horizon))
 
 
-def projected_cost(proj_loads: NDArray, contrib: NDArray, pool_index: NDArray, replica: NDArray,
-                   d: NDArray, weight: float = 1.0) -> float:
+def projected_cost(proj_loads: NDArray, growth: NDArray, prompt_len: NDArray, pool_index: NDArray,
+                   replica: NDArray, d: NDArray, weight: float = 1.0) -> float:
     """``J = Σ_h d_h·(w·G·M(h) − Σ_g L_g(h))`` of the loads projected over the window after placing
     pooled request ``pool_index[j]`` on ``replica[j]`` — ``proj_loads`` (G, H+1) is L̂ before, and a
-    placed request i adds its trajectory ``contrib[i]`` (H+1,), c_i(h) = s_i + growth_i(h)
-    (:func:`placement_growth`), to its replica's row. ``weight`` w = 1 is the discounted imbalance
+    placed request i adds its trajectory c_i(h) = ``prompt_len[i]`` + ``growth[i, h]``
+    (:func:`placement_growth`) to its replica's row. ``weight`` w = 1 is the discounted imbalance
     Σ_h d_h·I(h); w = β/G is the cost whose marginal is BR-0's F with overflow weight β."""
     loads = np.array(proj_loads, dtype=np.float64)
-    np.add.at(loads, np.asarray(replica, dtype=np.int64), contrib[np.asarray(pool_index, dtype=np.int64)])
+    pi = np.asarray(pool_index, dtype=np.int64)
+    placed = growth[pi] + np.asarray(prompt_len, dtype=np.float64)[pi, None]
+    np.add.at(loads, np.asarray(replica, dtype=np.int64), placed)
     per_step = weight * loads.shape[0] * loads.max(axis=0) - loads.sum(axis=0)
     return float(per_step @ np.asarray(d, dtype=np.float64))
 

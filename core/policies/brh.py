@@ -128,7 +128,7 @@ class BRHPolicy:
         if self.predictor is None or h == 0:
             return np.full(n_act, h + 1, np.int64), np.full(n_pool, h + 1, np.int64)
         ages = np.concatenate([state.active_age, np.zeros(n_pool, np.int64)])
-        if self.features is not None:
+        if self.features is not None and getattr(self.predictor, "uses_features", True):
             feats = self.features.take(np.concatenate([state.active_ids, pool.request_ids]))
         else:
             feats = RequestFeatures(prompt_len=np.concatenate([state.active_prompt, pool.prompt_len]))
@@ -172,8 +172,7 @@ class BRHPolicy:
         base = self._base.assign(state, pool)
         if np.array_equal(own.pool_index, base.pool_index) and np.array_equal(own.replica, base.replica):
             return own
-        contrib = growth + np.asarray(pool.prompt_len, dtype=np.float64)[:, None]
-        w = self.safeguard_weight
-        j_own = projected_cost(proj, contrib, own.pool_index, own.replica, d, w)
-        j_base = projected_cost(proj, contrib, base.pool_index, base.replica, d, w)
+        w, s = self.safeguard_weight, pool.prompt_len
+        j_own = projected_cost(proj, growth, s, own.pool_index, own.replica, d, w)
+        j_base = projected_cost(proj, growth, s, base.pool_index, base.replica, d, w)
         return own if j_own < (1.0 - self.safeguard) * j_base else base

@@ -93,7 +93,9 @@ class Predictor(Protocol):
 
     Invariant: ``0 ≤ p_fin ≤ 1`` and ``1 ≤ mu_rem ≤ H`` (finite) for every row, whatever the
     inputs; ``ages`` are the tokens generated so far (a request with age a is still running, so
-    its output is known to exceed a).
+    its output is known to exceed a). A predictor whose forecast depends on the age alone may
+    declare ``uses_features = False`` (a class attribute; absent means True): callers then pass
+    only the prompt lengths they hold instead of gathering its features.
     """
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -82,6 +83,7 @@ class EmpiricalSurvival:
     prefix: NDArray[np.float64]
     count_le: NDArray[np.int64]
     name: str = "survival"
+    uses_features: ClassVar[bool] = False  # the age alone: callers may skip gathering features
 
     @classmethod
     def fit(cls, train: Workload, *, horizon: int = 80, seed: int = 0) -> EmpiricalSurvival:

@@ -295,6 +295,22 @@ def test_unbound_policy_uses_the_state_it_is_given():
     assert out.pool_index.tolist() == [1]
 
 
+def test_an_age_only_predictor_is_not_handed_gathered_features():
+    state, view, table = _foresight_tick()
+    surv = EmpiricalSurvival.from_lengths(np.array([101, 101, 101, 5000]))
+    assert surv.uses_features is False
+
+    class Guard:  # a feature source that must not be read
+        def take(self, ids):
+            raise AssertionError("features gathered for a predictor that reads only the age")
+
+    kw = dict(predictor=surv, horizon=10, gamma=1.0, beta=2.0, s_greedy=0)
+    got = BRHPolicy(features=Guard(), **kw).forecast(state, view)
+    want = BRHPolicy(features=table, predictor=Oracle(), horizon=10).forecast(state, view)  # reads them
+    np.testing.assert_array_equal(got[0], BRHPolicy(**kw).forecast(state, view)[0])
+    assert want[0].tolist() == [11, 1]  # the oracle did read the table: replica 1's request ends now
+
+
 # --- robustness: pure noise must not make BR-H worse than BR-0 ----------------------------
 
 
