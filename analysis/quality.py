@@ -308,13 +308,12 @@ def floor_lines(rows: list[dict]) -> list[str]:
            f"without the trace's first request, {len(floors)} cells): the farther twin lands a "
            f"median {100 * float(np.median(f)):.1f} %, at most {100 * float(f[-1]):.1f} %, from "
            "br0; beyond that floor:"]
+    ratios = {key: _imbalance_rules({p: float(r["mean_imbalance"]) for p, r in cells[key].items()})
+              for key in floors}
     for name in ("oracle<=br0", "survival<=1.02br0", "best_br<=bfio-h0", "best_br<=baselines"):
-        broken = beyond = 0
-        for key, floor in floors.items():
-            got = _imbalance_rules({p: float(r["mean_imbalance"]) for p, r in cells[key].items()})
-            if name in got and got[name][0] > 1:
-                broken += 1
-                beyond += got[name][0] > math.exp(floor)
+        got = [(ratios[key][name][0], floor) for key, floor in floors.items() if name in ratios[key]]
+        broken = sum(r > 1 for r, _ in got)
+        beyond = sum(r > 1 and r > math.exp(floor) for r, floor in got)
         out.append(f"  - {RULES[name]}: {beyond} of its {broken} breaks")
     thr_floors = noise_floors(rows, "throughput_loaded_tok_s")
     broken = beyond = 0
@@ -357,12 +356,13 @@ def rules_lines(rows: list[dict], *, details: int = 6) -> list[str]:
     :func:`context_lines`."""
     n_cells = len(cells_of(rows))
     out = []
-    for name, cells in rule_violations(rows).items():
+    bad = rule_violations(rows)
+    for name, cells in bad.items():
         out.append(f"- {RULES[name]}: **{len(cells)} of {n_cells} cells break it**")
         out += [f"  - {_fmt_key(k)}: {why}" for k, why in cells[:details]]
         if len(cells) > details:
             out.append(f"  - … {len(cells) - details} more")
-    return out + context_lines(rows)
+    return out + context_lines(rows, violations=bad)
 
 
 def _share(values: list[float]) -> str:
@@ -404,7 +404,8 @@ def seed_lines(cells: dict[tuple, dict[str, dict]]) -> list[str]:
     return out + [""]
 
 
-def context_lines(rows: list[dict]) -> list[str]:
+def context_lines(rows: list[dict], *,
+                  violations: dict[str, list[tuple[tuple, str]]] | None = None) -> list[str]:
     """What the rule counts alone do not say (both read from the rows, no constants):
 
     - the throughput rule split by mode, with the pairwise agreement and the spread between the
@@ -445,7 +446,9 @@ def context_lines(rows: list[dict]) -> list[str]:
                    f"{KV_LEASE_S:g} s pool deadline): {len(lease_beaten)} of {n_lease} cells break it")
     out += floor_lines(rows)
     out += seed_lines(cells)
-    beaten = [key for key, _ in rule_violations(rows)["best_br<=bfio-h0"]]
+    if violations is None:
+        violations = rule_violations(rows)
+    beaten = [key for key, _ in violations["best_br<=bfio-h0"]]
 
     def missed(policy: str) -> list[float]:
         values = [cells[k].get(policy, {}).get("kv_lease_missed") for k in beaten]
