@@ -48,8 +48,8 @@ def deterministic_budget(solver: str, budget_s: float, threads: int,
     """Backend parameters that stop ``solver`` after a fixed amount of work worth ``budget_s``
     seconds, and the wall-clock safety cap (``WALL_CAP_FACTOR`` · ``budget_s``) to pass as its
     ``time_limit_s``. CP-SAT: ``max_deterministic_time`` = ``CPSAT_DETERMINISTIC_PER_SECOND`` ·
-``budget_s`` (its deterministic seconds;
-    with ``threads > 1`` also ``interleave_search``, CP-SAT's deterministic parallel mode);
+    ``budget_s`` (its deterministic seconds; with ``threads > 1`` also ``interleave_search``,
+    CP-SAT's deterministic parallel mode);
     HiGHS ``mip_max_nodes`` / CBC ``maxNodes`` = ``NODES_PER_SECOND`` · ``budget_s`` (one thread
     and a fixed seed make both deterministic); other PuLP solvers and the brute force: none
     (wall clock only). ``params`` (the user's) override these."""
