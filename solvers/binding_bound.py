@@ -66,7 +66,11 @@ class BindingBound:
     status: str
     wall_s: float
     bound_requests: tuple[int, ...]
-    method: str = METHOD
+
+    @property
+    def method(self) -> str:
+        """:data:`METHOD` with K = the number of bound requests."""
+        return METHOD.format(k=len(self.bound_requests))
 
 
 def bound_requests(instance: ClairvoyantInstance, k: int) -> list[int]:

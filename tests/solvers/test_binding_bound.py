@@ -156,3 +156,10 @@ def test_partial_binding_at_a_schedule_by_hand() -> None:
         partial_binding_at_schedule(inst, [0, 0, 0, 1], start, 1)
     with pytest.raises(ValueError, match="work-conserving"):
         partial_binding_at_schedule(inst, rep, [0, 0, 0, 1], 1)
+
+
+def test_the_method_names_its_bound_set():
+    from balanceroute.solvers.binding_bound import BindingBound
+
+    b = BindingBound(bound=1.0, relaxation=2.0, status="OPTIMAL", wall_s=0.0, bound_requests=(3, 1, 2))
+    assert b.method == "partial binding (3 largest bound for life, fluid rest; CP-SAT)"
