@@ -259,15 +259,17 @@ class UpstreamResponse:
         """Bytes from the socket in push mode: a read of exactly one whole chunk goes to the
         sink's ``on_frame`` first, when it has one (it may take the framed bytes as they are)."""
         on_frame = self._on_frame
-        if on_frame is not None:
-            start = self._decoder.whole_chunk(data)  # type: ignore[union-attr]
-            if start > 0 and on_frame(data, start):
+        start = self._decoder.whole_chunk(data) if on_frame is not None else -1  # type: ignore[union-attr]
+        if start > 0:  # one whole chunk: the decoder would return its payload, state unchanged
+            if on_frame(data, start):  # type: ignore[misc]
                 return
-        try:
-            out = self._take(data)
-        except UpstreamError as exc:
-            self._end_push(exc)
-            return
+            out = data[start:-2]
+        else:
+            try:
+                out = self._take(data)
+            except UpstreamError as exc:
+                self._end_push(exc)
+                return
         sink = self._sink
         if out:
             if sink is None:  # draining after close(drain=True): nothing more was expected
