@@ -181,14 +181,22 @@ class UpstreamResponse:
         while not self.complete:
             data, self._rest = (self._rest, b"") if self._rest else (await self._conn.receive(self._timeout), b"")
             if not data:
-                if self._left is None and self._decoder is None:
-                    self.complete = True
-                    return b""
-                raise UpstreamError("upstream closed the connection mid-response")
+                exc = self._at_eof()
+                if exc is not None:
+                    raise exc
+                return b""
             out = self._take(data)
             if out:
                 return out
         return b""
+
+    def _at_eof(self) -> UpstreamError | None:
+        """The connection ended before the body did: complete when the body ends at EOF (no
+        length, not chunked; such a connection is never kept), else the error."""
+        if self._left is None and self._decoder is None:
+            self.complete = True
+            return None
+        return UpstreamError("upstream closed the connection mid-response")
 
     def _take(self, data: bytes) -> bytes:
         if self._decoder is not None:
@@ -285,10 +293,7 @@ class UpstreamResponse:
         if self._conn.push is not self:
             return
         if exc is None and not self.complete:
-            if self._left is None and self._decoder is None:
-                self.complete, self._keep = True, False  # the body ends at EOF
-            else:
-                exc = UpstreamError("upstream closed the connection mid-response")
+            exc = self._at_eof()
         self._end_push(exc)
 
     def _end_push(self, exc: UpstreamError | None) -> None:
