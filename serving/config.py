@@ -17,6 +17,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 __all__ = [
+    "MAX_BODY_BYTES",
     "DecodeReplica",
     "OutlierConfig",
     "PrefillEndpoint",
@@ -27,6 +28,7 @@ __all__ = [
 KvDialect = Literal["nixl", "mooncake", "none"]
 PrefillBalance = Literal["round_robin", "least_loaded"]
 HttpServer = Literal["native", "uvicorn"]
+MAX_BODY_BYTES = 16 * 1024 * 1024  # the default request body limit (the proxy and its HTTP server)
 
 
 def _env_secret(name: str | None) -> str | None:
@@ -206,7 +208,7 @@ class ProxyConfig:
     decode_read_timeout_s: float = 300.0
     health_interval_s: float = 2.0
     health_timeout_s: float = 2.0
-    max_body_bytes: int = 16 * 1024 * 1024
+    max_body_bytes: int = MAX_BODY_BYTES
     retry_after_s: int = 1
     admin_token_env: str | None = None
     upstream_api_key_env: str | None = None

@@ -26,6 +26,7 @@ from urllib.parse import unquote
 import httptools
 
 from .asgi import Cycle, Lifespan
+from .config import MAX_BODY_BYTES
 from .http1 import response_head
 from .protocol import error_body
 
@@ -280,7 +281,7 @@ class NativeServer:
     is in the app's ``state.native_routes`` go to that ASGI callable instead of the app."""
 
     def __init__(self, app: Any, *, keep_alive_s: float = 30.0, graceful_s: float = 2.0,
-                 max_body_bytes: int = 16 * 1024 * 1024, max_head_bytes: int = 64 * 1024) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES, max_head_bytes: int = 64 * 1024) -> None:
         self.app = app
         # (method, path) → an ASGI callable served directly (the app's ``state.native_routes``)
         self.routes: dict[tuple[str, str], Any] = dict(getattr(getattr(app, "state", None), "native_routes", {}))

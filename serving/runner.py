@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import uvicorn
 
-from .config import HttpServer
+from .config import MAX_BODY_BYTES, HttpServer
 from .emulator import EmulatedCluster, EmulatorConfig
 from .emulator_app import create_decode_app, create_prefill_app
 from .http_server import NativeServer
@@ -74,7 +74,7 @@ async def serve_apps(
     log_level: str = "warning",
     graceful_s: float = 2.0,
     http_server: HttpServer = "uvicorn",
-    max_body_bytes: int = 16 * 1024 * 1024,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> None:
     """Serve every (app, socket) until ``stop`` is set, under uvicorn or the native server
     (:mod:`.http_server`; ``max_body_bytes`` is its body limit). ``on_start``/``on_stop`` run
@@ -146,7 +146,7 @@ class ServerThread:
     on_stop: Hook | None = None
     log_level: str = "warning"
     http_server: HttpServer = "uvicorn"
-    max_body_bytes: int = 16 * 1024 * 1024
+    max_body_bytes: int = MAX_BODY_BYTES
     urls: list[str] = field(init=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
     _stop: asyncio.Event | None = field(default=None, init=False)

@@ -181,14 +181,22 @@ class UpstreamResponse:
         while not self.complete:
             data, self._rest = (self._rest, b"") if self._rest else (await self._conn.receive(self._timeout), b"")
             if not data:
-                if self._left is None and self._decoder is None:
-                    self.complete = True
-                    return b""
-                raise UpstreamError("upstream closed the connection mid-response")
+                exc = self._at_eof()
+                if exc is not None:
+                    raise exc
+                return b""
             out = self._take(data)
             if out:
                 return out
         return b""
+
+    def _at_eof(self) -> UpstreamError | None:
+        """The connection ended before the body did: complete when the body ends at EOF (no
+        length, not chunked; such a connection is never kept), else the error."""
+        if self._left is None and self._decoder is None:
+            self.complete = True
+            return None
+        return UpstreamError("upstream closed the connection mid-response")
 
     def _take(self, data: bytes) -> bytes:
         if self._decoder is not None:
@@ -259,15 +267,17 @@ class UpstreamResponse:
         """Bytes from the socket in push mode: a read of exactly one whole chunk goes to the
         sink's ``on_frame`` first, when it has one (it may take the framed bytes as they are)."""
         on_frame = self._on_frame
-        if on_frame is not None:
-            start = self._decoder.whole_chunk(data)  # type: ignore[union-attr]
-            if start > 0 and on_frame(data, start):
+        start = self._decoder.whole_chunk(data) if on_frame is not None else -1  # type: ignore[union-attr]
+        if start > 0:  # one whole chunk: the decoder would return its payload, state unchanged
+            if on_frame(data, start):  # type: ignore[misc]
                 return
-        try:
-            out = self._take(data)
-        except UpstreamError as exc:
-            self._end_push(exc)
-            return
+            out = data[start:-2]
+        else:
+            try:
+                out = self._take(data)
+            except UpstreamError as exc:
+                self._end_push(exc)
+                return
         sink = self._sink
         if out:
             if sink is None:  # draining after close(drain=True): nothing more was expected
@@ -283,10 +293,7 @@ class UpstreamResponse:
         if self._conn.push is not self:
             return
         if exc is None and not self.complete:
-            if self._left is None and self._decoder is None:
-                self.complete, self._keep = True, False  # the body ends at EOF
-            else:
-                exc = UpstreamError("upstream closed the connection mid-response")
+            exc = self._at_eof()
         self._end_push(exc)
 
     def _end_push(self, exc: UpstreamError | None) -> None:
