@@ -157,8 +157,10 @@ class ServerThread:
     def __post_init__(self) -> None:
         self.urls = [url_of(sock) for _, sock in self.apps]
 
-    def start(self, timeout: float = 30.0) -> ServerThread:
-        """Start serving; returns once every server accepts connections."""
+    def start(self, timeout: float = 120.0) -> ServerThread:
+        """Start serving; returns once every server accepts connections (``timeout``: how long
+        to wait for that; start-up can include the warm tick's compile, which on a busy machine
+        took longer than 30 s once in a test run)."""
         self._thread = threading.Thread(target=self._main, name="balanceroute-servers", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout):
