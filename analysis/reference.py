@@ -48,6 +48,26 @@ def _score_traj(traj: list[float], margin: list[float], d: list[float], alpha: f
     return alpha * lin - beta * total
 
 
+def _lpt_plan(loads: list[float], free: list[int], prompt_len: list[int]) -> list[tuple[int, int]]:
+    """Largest prompt first (ties: pool order), each to the least-loaded replica with a free slot
+    (ties: more free slots, lower index)."""
+    loads, free, plan = list(loads), list(free), []
+    for i in sorted(range(len(prompt_len)), key=lambda i: (-prompt_len[i], i)):
+        g = min((g for g in range(len(free)) if free[g] > 0), key=lambda g: (loads[g], -free[g], g))
+        loads[g] += prompt_len[i]
+        free[g] -= 1
+        plan.append((i, g))
+    return plan
+
+
+def _overflow(loads: list[float], plan: list[tuple[int, int]], prompt_len: list[int]) -> float:
+    """Σ_g (L'_g − max_g L_g)_+ after ``plan``."""
+    top, after = max(loads), list(loads)
+    for i, g in plan:
+        after[g] += prompt_len[i]
+    return sum(max(x - top, 0.0) for x in after)
+
+
 def reference_tick(
     proj_loads: list[list[float]],
     free_slots: list[int],
@@ -66,6 +86,7 @@ def reference_tick(
     growth_steps: float = 0.0,
     ttft_slo_s: float | None = None,
     fill_order: str = "level",
+    lpt_batches: bool = False,
 ) -> list[tuple[int, int]]:
     """One tick; returns ``[(pool_index, replica), ...]`` in decision order."""
     loads = [list(row) for row in proj_loads]
@@ -127,6 +148,9 @@ def reference_tick(
         alive[i] = False
         out.append((i, g))
 
+    batch = lpt_batches and n < 2 * len(free) and sum(free) - n >= s_greedy
+    before = ([row[0] for row in loads], list(free))
+
     late = sorted((i for i in range(len(wait)) if wait[i] >= deadline_s), key=lambda i: -wait[i])
     for i in late:
         if len(out) == remaining:
@@ -146,6 +170,11 @@ def reference_tick(
         m = margin(g)
         i = max((i for i in range(n) if alive[i]), key=lambda i: (f_set([i], m), -i))
         place(i, g)
+    if batch:  # a small batch placed whole: LPT's plan if it overflows the envelope less
+        lpt = _lpt_plan(*before, prompt_len)
+        if _overflow(before[0], lpt, prompt_len) < _overflow(before[0], out, prompt_len):
+            return lpt
+        return out
 
     def level(g: int) -> float:  # the best constant fill Δ of g's margins (fill order "level")
         m = margin(g)

@@ -1,6 +1,6 @@
 """The multi-workload sweep behind the shipped BR-0 / BR-H defaults, on training data only.
 
-``python -m balanceroute.analysis.sweep_defaults [br0|brh|fill|brhfill|safeguard] [--out CSV]`` runs it (nice it: it is a
+``python -m balanceroute.analysis.sweep_defaults [br0|brh|fill|brhfill|safeguard|lpt] [--out CSV]`` runs it (nice it: it is a
 few minutes of one core per part). The data never overlap what the quality matrix or Table 1
 *simulate*: the generated workloads are drawn at seeds 11 and 12 (the matrix uses 0–4), and the
 replays are slices outside every simulated (test) half: mooncake-conv rows 3,000–6,000 and
@@ -51,6 +51,8 @@ def _grid(part: str) -> list[tuple[str, dict]]:
         return [("br0", dict(growth_steps=t, r_max=4, beta_per_replica=1.0))
                 for t in (0.0, 16.0, 64.0, 256.0, 1024.0)] + [
             ("br0", dict(stage1="paper", r_max=4, beta_per_replica=1.0))]
+    if part == "lpt":  # small batches placed whole: checked against LPT (shipped) or not
+        return [("br0", dict(lpt_batches=b)) for b in (False, True)]
     if part == "fill":  # Stage 2: the fill (r_max = 0) against the paper's (r_max = 4), β, ttft_slo_s
         rows = [("br0", dict(r_max=r, beta_per_replica=b, ttft_slo_s=t))
                 for r in (4, 0) for b in (1.0, 2.0, 3.0, 4.0) for t in (4.0, 6.0)]
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     from balanceroute.core.simulator import SimConfig, simulate
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=("br0", "brh", "fill", "brhfill", "safeguard"))
+    ap.add_argument("part", choices=("br0", "brh", "fill", "brhfill", "safeguard", "lpt"))
     ap.add_argument("--out", default="-")
     args = ap.parse_args(argv)
     out = sys.stdout if args.out == "-" else open(args.out, "w", newline="")  # noqa: SIM115
@@ -99,12 +101,18 @@ def main(argv: list[str] | None = None) -> int:
     # BR-0's ticks are judged below saturation too (open loop at 0.5 and 1.0 of JSQ's
     # saturated request rate); BR-H saturated only
     loads = ("saturated",) if args.part in ("brh", "brhfill", "safeguard") else ("saturated", 0.5, 1.0)
+    if args.part == "lpt":
+        loads = ("saturated", 0.5, 0.8, 1.0, 1.2)
     if args.part == "safeguard":
         grid = [(name, p) for name in ("brh-survival", "brh-oracle")
                 for p in [dict(safeguard=None)] + [dict(safeguard=e, safeguard_weight=w)
                                                     for w in (1.0, 3.0) for e in SAFEGUARDS]]
         slices = [(f"{label} G={g}", g, train, test)
                   for label, train, test in training_slices((11, 12, 13, 14)) for g in (G, 2 * G)]
+    elif args.part == "lpt":
+        grid = _grid(args.part)
+        slices = [(f"{label} G={g}", g, train, test)
+                  for label, train, test in training_slices() for g in (G, 2 * G)]
     else:
         grid = _brh_fill_grid() if args.part == "brhfill" else _grid(args.part)
         slices = [(label, G, train, test) for label, train, test in training_slices()]

@@ -4,7 +4,8 @@ They live in one file on purpose: numba's on-disk cache (``cache=True``) is inva
 edits to the file that defines a function, and the fused loop compiles the two-stage tick into
 itself, so a loop cached in another file could outlive an edit of the tick.
 
-* :func:`two_stage_kernel` — the tick of :func:`~balanceroute.core.two_stage.two_stage_assign`;
+* :func:`two_stage_kernel` — the tick of :func:`~balanceroute.core.two_stage.two_stage_assign`
+  (with :func:`lpt_batch`, its check of small batches);
 * :func:`fifo_choose` — the FIFO baselines' choice of replica, by the key each one declares;
 * :func:`simulate_loop` — the simulation loop of :mod:`~balanceroute.core.fused`.
 
@@ -726,9 +727,55 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
 
 
 @njit
+def lpt_batch(loads0, free0, sizes, out_i, out_g, count):  # pragma: no cover - compiled
+    """A small batch placed whole (every pooled request, Stage 1 only): the LPT plan — largest
+    prompt first (ties: pool order), each to the least-loaded replica with a free slot (ties:
+    more free slots, lower index) — replaces the tick's ``count`` decisions in ``out_i``/``out_g``
+    when it overflows the current envelope max_g L_g less, Σ_g (L'_g − max_g L_g)_+ (ties keep
+    the tick's). ``loads0`` (G,) and ``free0`` (G,): the loads and free slots before the tick.
+    Returns whether it did."""
+    n_rep = loads0.shape[0]
+    top = loads0[0]
+    for g in range(1, n_rep):
+        if loads0[g] > top:
+            top = loads0[g]
+    lo = loads0.copy()
+    for t in range(count):
+        lo[out_g[t]] += sizes[out_i[t]]
+    over_tick = 0.0
+    for g in range(n_rep):
+        if lo[g] > top:
+            over_tick += lo[g] - top
+    order = np.argsort(-sizes[:count], kind="mergesort")
+    fr = free0.copy()
+    lpt_g = np.empty(count, dtype=np.int64)
+    for g in range(n_rep):
+        lo[g] = loads0[g]
+    for t in range(count):
+        i = order[t]
+        best = -1
+        for g in range(n_rep):
+            if fr[g] > 0 and (best < 0 or lo[g] < lo[best] or (lo[g] == lo[best] and fr[g] > fr[best])):
+                best = g
+        lpt_g[t] = best
+        lo[best] += sizes[i]
+        fr[best] -= 1
+    over_lpt = 0.0
+    for g in range(n_rep):
+        if lo[g] > top:
+            over_lpt += lo[g] - top
+    if not over_lpt < over_tick:
+        return False
+    for t in range(count):
+        out_i[t] = order[t]
+        out_g[t] = lpt_g[t]
+    return True
+
+
+@njit
 def two_stage_kernel(
     loads, free, sizes, wait, d, alpha, beta, s_greedy, r_max, deadline_s, growth, has_growth,
-    exact_score, fit_stage1, growth_steps, ttft_slo_s, fill_by_level, out_i, out_g,
+    exact_score, fit_stage1, growth_steps, ttft_slo_s, fill_by_level, lpt_batches, out_i, out_g,
 ):  # pragma: no cover - compiled; tested against the reference through two_stage_assign
     """The tick of :func:`two_stage_assign` on mutable copies ``loads`` (G, W) and ``free``;
     writes the decisions to ``out_i``/``out_g`` and returns how many there are."""
@@ -752,6 +799,11 @@ def two_stage_kernel(
     remaining = min(free_sum, n_pool)
     if remaining <= 0:
         return 0
+    # a small batch placed whole in Stage 1 (fewer than 2G requests, room to spare): checked
+    # against LPT at the end (``lpt_batch``)
+    batch = lpt_batches and n_pool < 2 * n_rep and free_sum - n_pool >= s_greedy
+    loads0 = loads[:, 0].copy() if batch else np.empty(0)
+    free0 = free.copy() if batch else np.empty(0, dtype=np.int64)
     lin, bonus, ub, prune, ranked, ranked_n, cmax = _pool_setup(
         sizes, growth, wait, d, alpha, ad, beta, exact, ttft_slo_s)
     alive = np.ones(n_pool, dtype=np.bool_)
@@ -824,6 +876,9 @@ def two_stage_kernel(
         out_i[placed] = i
         out_g[placed] = g
         placed += 1
+    if batch:  # everything is placed: LPT instead, if it overflows the envelope less
+        lpt_batch(loads0, free0, sizes, out_i, out_g, placed)
+        return placed
 
     if r_max <= 0:  # (2') the fill: exact subset sums over the pool, replicas by margin
         return _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, lin, cmax,
@@ -946,7 +1001,7 @@ def _barrier_step(loads, n_act, g_count, step_a, step_b, step_c):  # pragma: no 
 @njit
 def simulate_loop(
     prompt, output, ready, saturated, target, g_count, slots, kind, key, state, s_greedy, r_max,
-    deadline_s, beta, fit_stage1, growth_steps, ttft_slo_s,
+    deadline_s, beta, fit_stage1, growth_steps, ttft_slo_s, lpt_batches,
     step_b, step_a, step_c, max_steps, budget, record, replica, start, finish, joined, tick_time,
     first_time, finish_time, loads, n_act, pool, head, link, ints, floats, series,
 ):  # pragma: no cover - compiled; checked against the generic loop by tests/core/test_fast_paths
@@ -1017,7 +1072,7 @@ def simulate_loop(
                 n_chosen = two_stage_kernel(
                     proj, free, sizes[:pool_n], waited[:pool_n], ones, 1.0, beta, s_greedy,
                     r_max, deadline_s, no_growth, False, False, fit_stage1, growth_steps, ttft_slo_s,
-                    True, out_i, out_g,
+                    True, lpt_batches, out_i, out_g,
                 )
                 for t in range(n_chosen):
                     rid = pool[out_i[t]]

@@ -48,7 +48,8 @@ class CompiledTick:
     """A policy's tick as the fused loop runs it, declared by the policy.
 
     ``kind``: :data:`TWO_STAGE` (BR-0's tick with ``s_greedy``, ``r_max``, ``deadline_s``, β =
-    ``beta_per_replica``·G, ``fit_stage1``, Stage 1's T = ``growth_steps``, ``ttft_slo_s``) or
+    ``beta_per_replica``·G, ``fit_stage1``, Stage 1's T = ``growth_steps``, ``ttft_slo_s``,
+    ``lpt_batches``) or
     :data:`FIFO` (the pool head to the free replica with the smallest ``key``, see
     :class:`~balanceroute.core.policies.base.FifoPolicy`). ``state``: the policy's integer
     state (FIFO: ``[cursor]``); the run returns it updated.
@@ -64,6 +65,7 @@ class CompiledTick:
     fit_stage1: bool = True
     growth_steps: float = 0.0
     ttft_slo_s: float = float("inf")
+    lpt_batches: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in (TWO_STAGE, FIFO):
@@ -175,7 +177,7 @@ def run_fused(
             prompt, output, ready, saturated, target, g_count, slots, tick.kind, key,
             run.state if run.state.shape[0] else no_state, tick.s_greedy, tick.r_max,
             float(tick.deadline_s), float(tick.beta_per_replica * g_count), bool(tick.fit_stage1),
-            float(tick.growth_steps), float(tick.ttft_slo_s), step_b, step_a, step_c, max_steps,
+            float(tick.growth_steps), float(tick.ttft_slo_s), bool(tick.lpt_batches), step_b, step_a, step_c, max_steps,
             budget, record_series, *run.cols.arrays(), run.loads, n_act, pool, head, link, run.ints,
             run.floats, series,
         )

@@ -31,7 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._jit import HAVE_NUMBA
-from ._kernels import FILL_LEVELS, FILL_WINDOW
+from ._kernels import FILL_LEVELS, FILL_WINDOW, lpt_batch
 from ._kernels import two_stage_kernel as _two_stage_kernel
 from .state import Assignment
 
@@ -159,6 +159,7 @@ def two_stage_assign(
     growth_steps: float = 0.0,
     ttft_slo_s: float | None = None,
     fill_order: str = "level",
+    lpt_batches: bool = False,
 ) -> Assignment:
     """One scheduling tick of BalanceRoute.
 
@@ -191,6 +192,13 @@ def two_stage_assign(
     is better (only if k may be 1) or when nothing scores > 0; and with ``stage1="fit"`` Stage 1
     uses the paper's rule while the pool holds ≥ 2G requests. Every pop places at least one
     request, so the tick is work-conserving: it places min(Σ free, P).
+
+    ``lpt_batches`` (BR-0's default; ``papers/quality.md``): when the tick places a small batch
+    whole in Stage 1 — fewer than 2G pooled requests and Σ free − P ≥ ``s_greedy`` — it is
+    checked against LPT (largest prompt first, each to the least-loaded replica with a free
+    slot; ties: more free slots, lower index; :func:`~balanceroute.core._kernels.lpt_batch`),
+    whose plan replaces it when it overflows the current envelope less: Σ_g (L'_g − max L)_+
+    on the current loads L (column h = 0).
     """
     if score not in ("exact", "paper"):
         raise ValueError(f"{score=} must be 'exact' or 'paper'")
@@ -206,6 +214,7 @@ def two_stage_assign(
             proj_loads, free_slots, prompt_len, wait, d=d, alpha=alpha, beta=beta,
             s_greedy=s_greedy, r_max=r_max, deadline_s=deadline_s, growth=growth, score=score,
             stage1=stage1, growth_steps=growth_steps, ttft_slo_s=ttft_slo_s, fill_order=fill_order,
+            lpt_batches=lpt_batches,
         )
     if int(r_max) < 0:
         raise ValueError(f"{r_max=} must be >= 0 (0: the fill)")
@@ -224,7 +233,7 @@ def two_stage_assign(
     count = _two_stage_kernel(
         loads, free, sizes, _f64(wait), _f64(d), float(alpha), float(beta), int(s_greedy),
         int(r_max), float(deadline_s), grow, has_growth, score == "exact", stage1 == "fit",
-        float(growth_steps), slo, fill_order == "level", out_i, out_g,
+        float(growth_steps), slo, fill_order == "level", bool(lpt_batches), out_i, out_g,
     )
     return Assignment(pool_index=out_i[:count], replica=out_g[:count])
 
@@ -250,6 +259,7 @@ def _two_stage_numpy(
     growth_steps: float = 0.0,
     ttft_slo_s: float | None = None,
     fill_order: str = "level",
+    lpt_batches: bool = False,
 ) -> Assignment:
     """:func:`two_stage_assign` in numpy, for installs without numba (same decisions up to
     floating-point summation order, which BLAS may choose differently)."""
@@ -290,6 +300,8 @@ def _two_stage_numpy(
         return contrib if exact else sizes[:, None] * np.ones_like(d)
 
     remaining = min(int(free.sum()), n_pool)
+    batch = lpt_batches and n_pool < 2 * loads.shape[0] and int(free.sum()) - n_pool >= s_greedy
+    loads0, free0 = loads[:, 0].copy(), free.copy()
 
     # (0) pool deadline: the KV lease of a pooled request is about to expire.
     late = np.flatnonzero(waited >= deadline_s)
@@ -316,6 +328,10 @@ def _two_stage_numpy(
         f1 = scores(single_traj(), replica_margins(g)) + bonus
         f1[~alive] = -np.inf
         place(int(np.argmax(f1)), g)
+    if batch:  # everything is placed: LPT instead, if it overflows the envelope less
+        out = (np.asarray(out_i, dtype=np.int64), np.asarray(out_g, dtype=np.int64))
+        lpt_batch(loads0, free0, sizes, *out, len(out_i))
+        return Assignment(pool_index=out[0], replica=out[1])
 
     # (2') the fill: exact subset sums over the pool, replicas by fill level (r_max = 0)
     while r_max == 0 and len(out_i) < remaining:

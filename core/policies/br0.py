@@ -61,7 +61,11 @@ class BR0Policy:
     placed first (vLLM's NIXL KV lease is 30 s); ``ttft_slo_s``: the soft first-token deadline
     — a pooled request that has waited w gains the urgency bonus U·w/``ttft_slo_s`` (U: the
     pool's largest single-request value), so at w = ``ttft_slo_s`` it outranks any request that
-    merely fits (``papers/ttft.md``); ``None`` turns it off. ``tick_fn``: the routine that
+    merely fits (``papers/ttft.md``); ``None`` turns it off; ``lpt_batches``: a small batch
+    placed whole in Stage 1 (fewer than 2G pooled requests, Σ free − |pool| ≥ ``s_greedy``: the
+    regime below saturation) goes by LPT — largest prompt first, each to the least-loaded
+    replica — when that overflows the current envelope less (``papers/quality.md``; chosen on
+    training slices only). ``tick_fn``: the routine that
     decides, with :func:`~balanceroute.core.two_stage.two_stage_assign`'s signature (the
     default; a benchmark injects the literal reference); the simulator's fused loop runs the
     default's kernel only while ``tick_fn`` is the default.
@@ -74,6 +78,7 @@ class BR0Policy:
     stage1: str = "fit"
     growth_steps: float | None = None
     ttft_slo_s: float | None = 4.0
+    lpt_batches: bool = True
     name: str = "br0"
     tick_fn: Callable[..., Assignment] = field(default=two_stage_assign, repr=False)
 
@@ -99,6 +104,7 @@ class BR0Policy:
             growth_steps=stage1_growth_steps(
                 self.growth_steps, int((state.free_slots + state.num_active).max())),
             ttft_slo_s=self.ttft_slo_s,
+            lpt_batches=self.lpt_batches,
         )
 
     def compiled_tick(self, slots: int) -> CompiledTick | None:
@@ -111,6 +117,7 @@ class BR0Policy:
             beta_per_replica=self.beta_per_replica, fit_stage1=self.stage1 == "fit",
             growth_steps=stage1_growth_steps(self.growth_steps, slots),
             ttft_slo_s=float("inf") if self.ttft_slo_s is None else float(self.ttft_slo_s),
+            lpt_batches=bool(self.lpt_batches),
         )
 
     def restore_tick_state(self, state: NDArray[np.int64]) -> None:

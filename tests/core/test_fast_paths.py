@@ -187,7 +187,7 @@ def test_tick_kernel_equals_numpy_path_and_reference(instance, data):
     options = data.draw(st.fixed_dictionaries({
         "score": st.sampled_from(["exact", "paper"]), "stage1": st.sampled_from(["fit", "paper"]),
         "growth_steps": st.sampled_from([0.0, 64.0]), "ttft_slo_s": st.sampled_from([None, 2.0]),
-        "fill_order": st.sampled_from(["level", "margin"]),
+        "fill_order": st.sampled_from(["level", "margin"]), "lpt_batches": st.booleans(),
     }))
     kwargs = dict(d=0.5 ** np.arange(width), alpha=1.0, beta=float(2 * len(loads)),
                   s_greedy=s_greedy, r_max=r_max, deadline_s=30.0, **options)

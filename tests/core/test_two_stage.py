@@ -76,13 +76,14 @@ tick_instances = st.integers(1, 6).flatmap(
 
 
 @settings(max_examples=300, deadline=None)
-@given(tick_instances)
-def test_tick_matches_literal_reference_br0(instance):
+@given(tick_instances, st.booleans())
+def test_tick_matches_literal_reference_br0(instance, lpt_batches):
     loads, free, pool, s_greedy, r_max = instance
     prompt = [p for p, _ in pool]
     wait = [w for _, w in pool]
     g_count = len(loads)
-    kwargs = dict(d=[1.0], alpha=1.0, beta=float(g_count), s_greedy=s_greedy, r_max=r_max, deadline_s=30.0)
+    kwargs = dict(d=[1.0], alpha=1.0, beta=float(g_count), s_greedy=s_greedy, r_max=r_max,
+                  deadline_s=30.0, lpt_batches=lpt_batches)
     got = two_stage_assign(
         np.array(loads, dtype=float)[:, None], np.array(free), np.array(prompt, dtype=np.int64),
         np.array(wait), **kwargs,
@@ -148,6 +149,40 @@ def test_stage1_below_saturation_prefers_fit_over_free_slots():
     kw = dict(d=np.ones(1), alpha=1.0, beta=2.0, s_greedy=0, r_max=4, deadline_s=30.0)
     assert two_stage_assign(*args, stage1="paper", **kw).replica.tolist() == [0]
     assert two_stage_assign(*args, **kw).replica.tolist() == [1]
+
+
+def test_small_batch_goes_lpt_when_that_overflows_less():
+    # loads 2 / 6 (envelope 6), 3 + 2 free, pool 8, 1, 2, Stage 1 throughout (s_greedy 0), T = 1:
+    # the tick's plan: g0 (margin 4 + 3) takes its best fit 2, then (2 + 2) 1, then the tie
+    # m + T·free = 2 goes to g1 (more free slots), which takes 8 → loads 5 / 14, overflow 0 + 8,
+    # I = 9. LPT: 8 to the least-loaded g0, then 2 and 1 to g1 → loads 10 / 9, overflow 4 + 3 = 7
+    # < 8, I = 1: LPT's plan is placed, in its order.
+    args = (np.array([[2.0], [6.0]]), np.array([3, 2]), np.array([8, 1, 2]), np.zeros(3))
+    kw = dict(d=np.ones(1), alpha=1.0, beta=4.0, s_greedy=0, r_max=0, deadline_s=30.0,
+              growth_steps=1.0)
+    tick = two_stage_assign(*args, **kw)
+    assert list(zip(tick.pool_index.tolist(), tick.replica.tolist())) == [(2, 0), (1, 0), (0, 1)]
+    lpt = two_stage_assign(*args, lpt_batches=True, **kw)
+    assert list(zip(lpt.pool_index.tolist(), lpt.replica.tolist())) == [(0, 0), (2, 1), (1, 1)]
+    # not a small batch placed whole in Stage 1 (5 free − 3 pooled < s_greedy = 3, or 2G
+    # pooled): the tick's own plan
+    late = {**kw, "s_greedy": 3}
+    assert (two_stage_assign(*args, lpt_batches=True, **late).pool_index.tolist()
+            == two_stage_assign(*args, **late).pool_index.tolist() != [0, 2, 1])
+    four = (args[0], np.array([3, 3]), np.array([8, 1, 2, 1]), np.zeros(4))  # 4 = 2G requests
+    assert (two_stage_assign(*four, lpt_batches=True, **kw).replica.tolist()
+            == two_stage_assign(*four, **kw).replica.tolist())
+
+
+def test_small_batch_keeps_the_tick_on_a_tie():
+    # loads 10 / 0, pool 1, 1, 10: the tick fills g1's margin with 10, then 1 and 1 overflow by
+    # one each (overflow 2); LPT gives the same loads 11 / 11 (overflow 2): the tick's plan stays
+    args = (np.array([[10.0], [0.0]]), np.array([4, 4]), np.array([1, 1, 10]), np.zeros(3))
+    kw = dict(d=np.ones(1), alpha=1.0, beta=4.0, s_greedy=0, r_max=0, deadline_s=30.0)
+    a = two_stage_assign(*args, lpt_batches=True, **kw)
+    b = two_stage_assign(*args, **kw)
+    assert a.pool_index.tolist() == b.pool_index.tolist() == [2, 0, 1]
+    assert a.replica.tolist() == b.replica.tolist()
 
 
 def test_deadline_goes_first():
