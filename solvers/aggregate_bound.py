@@ -218,10 +218,9 @@ def aggregate_bound(
         if relaxation == "migration":
             _partition(model, k, active[k], loads[k], tops[k], env[k], g_count, inst.slots)
 
-    total = int((o * s + o * (o - 1) // 2).sum())
     if inst.objective == "imbalance":
         model.minimize(sum(env))
-        scale, constant = float(g_count), float(-total)
+        scale, constant = float(g_count), float(-inst.total_load)
     else:
         w_busy, w_env, unit, exact = step_time_weights(inst.step_b, inst.step_a)
         busy = [model.new_bool_var(f"y_{k}") for k in range(horizon)]

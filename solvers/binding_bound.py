@@ -105,10 +105,10 @@ def _start_windows(inst: ClairvoyantInstance, horizon: int) -> list[tuple[int, i
 
 
 def _fluid_total(inst: ClairvoyantInstance, bound: list[int]) -> int:
-    chosen = set(bound)
-    return int(sum(int(inst.output_len[j]) * int(inst.prompt_len[j])
-                   + int(inst.output_len[j]) * (int(inst.output_len[j]) - 1) // 2
-                   for j in range(inst.num_requests) if j not in chosen))
+    """C_ℱ = Σ_{j∉𝒦} C_j: the free requests' total load (``ClairvoyantInstance.life_loads``)."""
+    free = np.ones(inst.num_requests, dtype=bool)
+    free[list(bound)] = False
+    return int(inst.life_loads[free].sum())
 
 
 def binding_bound(

@@ -90,7 +90,7 @@ class ModelTables:
     ``dur[i]`` = o'_i = ⌈o_i/q⌉ model steps; ``first[i]`` = r'_i = ⌈r_i/q⌉ and ``last[i]`` =
     T' − o'_i: the allowed model start steps; ``contrib[i][e]`` = Σ_{j<q, eq+j<o_i}(s_i + eq + j):
     request i's tokens summed over the q decode steps of its e-th model step of life.
-    ``total`` = Σ_i Σ_e contrib[i][e] = Σ_i (o_i s_i + o_i(o_i−1)/2): every token-step once.
+    ``total`` = Σ_i Σ_e contrib[i][e] = ``ClairvoyantInstance.total_load``: every token-step once.
     """
 
     q: int
@@ -122,9 +122,8 @@ def model_tables(instance: ClairvoyantInstance) -> ModelTables:
         age = np.arange(int(dur[i]) * q)
         tokens = np.where(age < o[i], s[i] + age, 0)
         contrib.append(tokens.reshape(-1, q).sum(axis=1))
-    total = int((o * s + o * (o - 1) // 2).sum())
     return ModelTables(q=q, horizon=t_model, dur=dur, first=first, last=last,
-                       contrib=tuple(contrib), total=total)
+                       contrib=tuple(contrib), total=instance.total_load)
 
 
 def coarse_objective(instance: ClairvoyantInstance, tables: ModelTables, replica: NDArray,
