@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from .clairvoyant_eval import pooled_steps
 from .cpsat_backend import export_cpsat, run_cpsat
 from .instances import ClairvoyantInstance
 from .scaling import step_time_weights
@@ -281,30 +282,16 @@ def relaxation_at_schedule(instance: ClairvoyantInstance, start: NDArray,
     """The relaxed model's objective at one schedule's start steps (decode steps; replicas play
     no part), with every M(k) as small as the model allows. Start steps with at most G·B
     requests running and (when the instance asks for it) work conservation over the pooled
-    G·B slots are feasible for the relaxed model (``ValueError`` otherwise), so this is an upper
-    bound on the relaxation's optimum — the most that relaxation could ever prove — and, for a
-    replica schedule's starts, at most that schedule's own objective."""
+    G·B slots are feasible for the relaxed model (``ValueError`` otherwise,
+    ``clairvoyant_eval.pooled_steps``), so this is an upper bound on the relaxation's optimum —
+    the most that relaxation could ever prove — and, for a replica schedule's starts, at most
+    that schedule's own objective."""
     if relaxation not in RELAXATIONS:
         raise ValueError(f"relaxation={relaxation!r} must be one of {', '.join(RELAXATIONS)}")
     inst = instance
-    st = np.asarray(start, dtype=np.int64)
-    if st.shape != (inst.num_requests,):
-        raise ValueError(f"start must have shape ({inst.num_requests},)")
-    s, o, r = inst.prompt_len, inst.output_len, inst.release
-    if (st < r).any():
-        i = int(np.flatnonzero(st < r)[0])
-        raise ValueError(f"request {i} starts at step {int(st[i])} before its release {int(r[i])}")
-    cap = inst.num_replicas * inst.slots
+    s = inst.prompt_len
     total = 0.0
-    for k in range(int((st + o).max())):
-        live = np.flatnonzero((st <= k) & (k < st + o))
-        # Feasible for the relaxed model: at most G·B running, and (work conservation) no
-        # released request waits at a step with a free slot anywhere.
-        if live.size > cap:
-            raise ValueError(f"{live.size} requests run at step {k} (G·B = {cap})")
-        if inst.work_conserving and live.size < cap and ((r <= k) & (st > k)).any():
-            raise ValueError(f"not work-conserving: a request waits at step {k} with a slot free")
-        loads = [int(s[i] + k - st[i]) for i in live]
+    for _, live, loads in pooled_steps(inst, start):
         env = _least_envelope(loads, [int(s[i]) for i in live], inst.num_replicas, inst.slots,
                               relaxation)
         if inst.objective == "imbalance":
