@@ -37,7 +37,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .clairvoyant_eval import pooled_steps
-from .cpsat_backend import export_cpsat, run_cpsat
+from .cpsat_backend import export_cpsat, life_recurrence, run_cpsat
 from .instances import ClairvoyantInstance
 from .scaling import step_time_weights
 
@@ -181,19 +181,11 @@ def aggregate_bound(
     for i in range(n):
         # Every request starts exactly once.
         model.add_exactly_one(x[i].values())
-        a_prev: Any = 0
-        l_prev: Any = 0
         started: Any = 0
-        for k in range(int(r[i]), horizon):
-            begin = x[i].get(k, 0)
-            end = x[i].get(k - int(o[i]), 0)
-            a_k = model.new_bool_var(f"a_{i}_{k}")
-            l_k = model.new_int_var(0, int(s[i] + o[i] - 1), f"l_{i}_{k}")
-            # Activity and load recurrences: start adds s_i, each running step adds 1, the end
-            # removes the last load s_i + o_i − 1.
-            model.add(a_k == a_prev + begin - end)
-            model.add(l_k == l_prev + a_prev - end + int(s[i]) * begin
-                      - int(s[i] + o[i] - 1) * end)
+        # Activity and load recurrences: start adds s_i, each running step adds 1, the end
+        # removes the last load s_i + o_i − 1.
+        for k, a_k, l_k, begin in life_recurrence(model, x[i], range(int(r[i]), horizon),
+                                                  int(s[i]), int(o[i]), f"{i}"):
             # The envelope holds every active request whole.
             model.add(env[k] >= l_k)
             active[k].append(a_k)
@@ -206,7 +198,6 @@ def aggregate_bound(
                 # Work conservation: if i has not started by k, every slot is busy at k.
                 model.add_implication(s_k.Not(), waiting[k])
                 started = s_k
-            a_prev, l_prev = a_k, l_k
     for k in range(horizon):
         # The envelope is at least the mean load; slots.
         model.add(g_count * env[k] >= sum(loads[k]))
