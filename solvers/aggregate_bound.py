@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .cpsat_backend import export_cpsat, run_cpsat
+from .clairvoyant_eval import pooled_steps
+from .cpsat_backend import export_cpsat, life_recurrence, run_cpsat
 from .instances import ClairvoyantInstance
 from .scaling import step_time_weights
 
@@ -180,19 +181,11 @@ def aggregate_bound(
     for i in range(n):
         # Every request starts exactly once.
         model.add_exactly_one(x[i].values())
-        a_prev: Any = 0
-        l_prev: Any = 0
         started: Any = 0
-        for k in range(int(r[i]), horizon):
-            begin = x[i].get(k, 0)
-            end = x[i].get(k - int(o[i]), 0)
-            a_k = model.new_bool_var(f"a_{i}_{k}")
-            l_k = model.new_int_var(0, int(s[i] + o[i] - 1), f"l_{i}_{k}")
-            # Activity and load recurrences: start adds s_i, each running step adds 1, the end
-            # removes the last load s_i + o_i − 1.
-            model.add(a_k == a_prev + begin - end)
-            model.add(l_k == l_prev + a_prev - end + int(s[i]) * begin
-                      - int(s[i] + o[i] - 1) * end)
+        # Activity and load recurrences: start adds s_i, each running step adds 1, the end
+        # removes the last load s_i + o_i − 1.
+        for k, a_k, l_k, begin in life_recurrence(model, x[i], range(int(r[i]), horizon),
+                                                  int(s[i]), int(o[i]), f"{i}"):
             # The envelope holds every active request whole.
             model.add(env[k] >= l_k)
             active[k].append(a_k)
@@ -205,7 +198,6 @@ def aggregate_bound(
                 # Work conservation: if i has not started by k, every slot is busy at k.
                 model.add_implication(s_k.Not(), waiting[k])
                 started = s_k
-            a_prev, l_prev = a_k, l_k
     for k in range(horizon):
         # The envelope is at least the mean load; slots.
         model.add(g_count * env[k] >= sum(loads[k]))
@@ -218,10 +210,9 @@ def aggregate_bound(
         if relaxation == "migration":
             _partition(model, k, active[k], loads[k], tops[k], env[k], g_count, inst.slots)
 
-    total = int((o * s + o * (o - 1) // 2).sum())
     if inst.objective == "imbalance":
         model.minimize(sum(env))
-        scale, constant = float(g_count), float(-total)
+        scale, constant = float(g_count), float(-inst.total_load)
     else:
         w_busy, w_env, unit, exact = step_time_weights(inst.step_b, inst.step_a)
         busy = [model.new_bool_var(f"y_{k}") for k in range(horizon)]
@@ -282,30 +273,16 @@ def relaxation_at_schedule(instance: ClairvoyantInstance, start: NDArray,
     """The relaxed model's objective at one schedule's start steps (decode steps; replicas play
     no part), with every M(k) as small as the model allows. Start steps with at most G·B
     requests running and (when the instance asks for it) work conservation over the pooled
-    G·B slots are feasible for the relaxed model (``ValueError`` otherwise), so this is an upper
-    bound on the relaxation's optimum — the most that relaxation could ever prove — and, for a
-    replica schedule's starts, at most that schedule's own objective."""
+    G·B slots are feasible for the relaxed model (``ValueError`` otherwise,
+    ``clairvoyant_eval.pooled_steps``), so this is an upper bound on the relaxation's optimum —
+    the most that relaxation could ever prove — and, for a replica schedule's starts, at most
+    that schedule's own objective."""
     if relaxation not in RELAXATIONS:
         raise ValueError(f"relaxation={relaxation!r} must be one of {', '.join(RELAXATIONS)}")
     inst = instance
-    st = np.asarray(start, dtype=np.int64)
-    if st.shape != (inst.num_requests,):
-        raise ValueError(f"start must have shape ({inst.num_requests},)")
-    s, o, r = inst.prompt_len, inst.output_len, inst.release
-    if (st < r).any():
-        i = int(np.flatnonzero(st < r)[0])
-        raise ValueError(f"request {i} starts at step {int(st[i])} before its release {int(r[i])}")
-    cap = inst.num_replicas * inst.slots
+    s = inst.prompt_len
     total = 0.0
-    for k in range(int((st + o).max())):
-        live = np.flatnonzero((st <= k) & (k < st + o))
-        # Feasible for the relaxed model: at most G·B running, and (work conservation) no
-        # released request waits at a step with a free slot anywhere.
-        if live.size > cap:
-            raise ValueError(f"{live.size} requests run at step {k} (G·B = {cap})")
-        if inst.work_conserving and live.size < cap and ((r <= k) & (st > k)).any():
-            raise ValueError(f"not work-conserving: a request waits at step {k} with a slot free")
-        loads = [int(s[i] + k - st[i]) for i in live]
+    for _, live, loads in pooled_steps(inst, start):
         env = _least_envelope(loads, [int(s[i]) for i in live], inst.num_replicas, inst.slots,
                               relaxation)
         if inst.objective == "imbalance":

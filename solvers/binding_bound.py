@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .cpsat_backend import export_cpsat, run_cpsat
+from .cpsat_backend import export_cpsat, life_recurrence, run_cpsat
 from .instances import ClairvoyantInstance
 
 __all__ = ["BOUND_REQUESTS", "METHOD", "BindingBound", "binding_at_schedule", "binding_bound",
@@ -105,10 +105,10 @@ def _start_windows(inst: ClairvoyantInstance, horizon: int) -> list[tuple[int, i
 
 
 def _fluid_total(inst: ClairvoyantInstance, bound: list[int]) -> int:
-    chosen = set(bound)
-    return int(sum(int(inst.output_len[j]) * int(inst.prompt_len[j])
-                   + int(inst.output_len[j]) * (int(inst.output_len[j]) - 1) // 2
-                   for j in range(inst.num_requests) if j not in chosen))
+    """C_ℱ = Σ_{j∉𝒦} C_j: the free requests' total load (``ClairvoyantInstance.life_loads``)."""
+    free = np.ones(inst.num_requests, dtype=bool)
+    free[list(bound)] = False
+    return int(inst.life_loads[free].sum())
 
 
 def binding_bound(
@@ -146,21 +146,13 @@ def binding_bound(
         # Every bound request starts exactly once, on one replica.
         model.add_exactly_one(v for g in range(min(rank + 1, g_count)) for v in x[rank, g].values())
         for g in range(min(rank + 1, g_count)):
-            xs = x[rank, g]
-            a_prev: Any = 0
-            l_prev: Any = 0
-            for kk in range(windows[i][0], min(horizon, windows[i][1] + int(o[i]))):
-                begin, end = xs.get(kk, 0), xs.get(kk - int(o[i]), 0)
-                a_k = model.new_bool_var(f"a_{i}_{g}_{kk}")
-                l_k = model.new_int_var(0, int(s[i] + o[i] - 1), f"l_{i}_{g}_{kk}")
-                # Activity and load recurrences (start adds s_i, each step adds 1, the end
-                # removes the last load s_i + o_i − 1).
-                model.add(a_k == a_prev + begin - end)
-                model.add(l_k == l_prev + a_prev - end + int(s[i]) * begin
-                          - int(s[i] + o[i] - 1) * end)
+            # Activity and load recurrences (start adds s_i, each step adds 1, the end
+            # removes the last load s_i + o_i − 1).
+            steps = range(windows[i][0], min(horizon, windows[i][1] + int(o[i])))
+            for kk, a_k, l_k, _ in life_recurrence(model, x[rank, g], steps, int(s[i]),
+                                                   int(o[i]), f"{i}_{g}"):
                 counts[g][kk].append(a_k)
                 loads[g][kk].append(l_k)
-                a_prev, l_prev = a_k, l_k
     top = int(slots * (s + o).max())
     excess = []
     fills = []

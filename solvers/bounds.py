@@ -144,8 +144,8 @@ def tick_trivial_bound(instance: TickInstance) -> float:
 def clairvoyant_trivial_bound(instance: ClairvoyantInstance) -> float:
     """Σ_k I(k) ≥ max(0, G·max_i C_i − Σ_i C_i) with C_i = o_i s_i + o_i(o_i−1)/2 (imbalance);
     for ``step_time``: b·⌈max_i o_i⌉ + a·max(max_i C_i, Σ_i C_i / G)."""
-    s, o = instance.prompt_len.astype(float), instance.output_len.astype(float)
-    c = o * s + o * (o - 1) / 2
+    o = instance.output_len.astype(float)
+    c = instance.life_loads.astype(float)
     if instance.objective == "imbalance":
         return max(0.0, instance.num_replicas * float(c.max()) - float(c.sum()))
     return instance.step_b * float(o.max()) + instance.step_a * max(float(c.max()),

@@ -8,6 +8,7 @@ for k = t_i … t_i + o_i − 1 and holds a slot meanwhile) and returns Σ_k I(k
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +18,7 @@ from .instances import ClairvoyantInstance
 
 __all__ = ["COARSE_MESSAGE", "ModelTables", "canonical_replicas", "coarse_objective",
            "evaluate_schedule", "fine_loads", "greedy_schedule", "is_work_conserving",
-           "model_incumbent", "model_tables", "schedule_objective"]
+           "model_incumbent", "model_tables", "pooled_steps", "schedule_objective"]
 
 #: What a coarsened (q > 1) solve's numbers mean; ``{q}`` is the step.
 COARSE_MESSAGE = ("coarsened (q={q}): the model's schedule, made work-conserving per decode step "
@@ -78,6 +79,30 @@ def is_work_conserving(instance: ClairvoyantInstance, replica: NDArray, start: N
     return True
 
 
+def pooled_steps(instance: ClairvoyantInstance, start: NDArray) -> Iterator[tuple[int, NDArray, list[int]]]:
+    """A schedule's decode steps with the replicas pooled: for k = 0 … makespan − 1, ``(k,
+    running, loads)`` with ``running`` the requests i with t_i ≤ k < t_i + o_i and ``loads``
+    their s_i + k − t_i. Checks, as it goes, what the replica-free relaxations ask of a
+    schedule (``ValueError`` otherwise): no start before its release, at most G·B requests
+    running, and (when the instance asks for it) work conservation over the pooled G·B slots —
+    no released request waits at a step with a slot free."""
+    st = np.asarray(start, dtype=np.int64)
+    if st.shape != (instance.num_requests,):
+        raise ValueError(f"start must have shape ({instance.num_requests},)")
+    s, o, r = instance.prompt_len, instance.output_len, instance.release
+    if (st < r).any():
+        i = int(np.flatnonzero(st < r)[0])
+        raise ValueError(f"request {i} starts at step {int(st[i])} before its release {int(r[i])}")
+    cap = instance.num_replicas * instance.slots
+    for k in range(int((st + o).max())):
+        running = np.flatnonzero((st <= k) & (k < st + o))
+        if running.size > cap:
+            raise ValueError(f"{running.size} requests run at step {k} (G·B = {cap})")
+        if instance.work_conserving and running.size < cap and ((r <= k) & (st > k)).any():
+            raise ValueError(f"not work-conserving: a request waits at step {k} with a slot free")
+        yield k, running, [int(s[i] + k - st[i]) for i in running]
+
+
 def schedule_objective(instance: ClairvoyantInstance, replica: NDArray, start: NDArray) -> float:
     """The instance's objective of a schedule, at decode-step resolution."""
     return evaluate_schedule(instance, replica, start)["objective"]
@@ -90,7 +115,7 @@ class ModelTables:
     ``dur[i]`` = o'_i = ⌈o_i/q⌉ model steps; ``first[i]`` = r'_i = ⌈r_i/q⌉ and ``last[i]`` =
     T' − o'_i: the allowed model start steps; ``contrib[i][e]`` = Σ_{j<q, eq+j<o_i}(s_i + eq + j):
     request i's tokens summed over the q decode steps of its e-th model step of life.
-    ``total`` = Σ_i Σ_e contrib[i][e] = Σ_i (o_i s_i + o_i(o_i−1)/2): every token-step once.
+    ``total`` = Σ_i Σ_e contrib[i][e] = ``ClairvoyantInstance.total_load``: every token-step once.
     """
 
     q: int
@@ -122,9 +147,8 @@ def model_tables(instance: ClairvoyantInstance) -> ModelTables:
         age = np.arange(int(dur[i]) * q)
         tokens = np.where(age < o[i], s[i] + age, 0)
         contrib.append(tokens.reshape(-1, q).sum(axis=1))
-    total = int((o * s + o * (o - 1) // 2).sum())
     return ModelTables(q=q, horizon=t_model, dur=dur, first=first, last=last,
-                       contrib=tuple(contrib), total=total)
+                       contrib=tuple(contrib), total=instance.total_load)
 
 
 def coarse_objective(instance: ClairvoyantInstance, tables: ModelTables, replica: NDArray,

@@ -1,15 +1,16 @@
-"""Running a CP-SAT model: limits, seed, user parameters, a log file, and writing the model out.
+"""Running a CP-SAT model: limits, seed, user parameters, a log file, and writing the model out;
+and the activity / load recurrence of the start-indexed relaxations.
 
-Shared by every CP-SAT model (``tick_cpsat``, ``clairvoyant_cpsat``, ``aggregate_bound``), as
-``pulp_backend`` is for the PuLP models.
+Shared by every CP-SAT model (``tick_cpsat``, ``clairvoyant_cpsat``, ``aggregate_bound``,
+``binding_bound``), as ``pulp_backend`` is for the PuLP models.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["export_cpsat", "run_cpsat"]
+__all__ = ["export_cpsat", "life_recurrence", "run_cpsat"]
 
 
 def _set_param(parameters: Any, key: str, value: str) -> None:
@@ -35,6 +36,30 @@ def _set_param(parameters: Any, key: str, value: str) -> None:
         setattr(parameters, key, typed)
     except (ValueError, TypeError, AttributeError):
         raise ValueError(f"CP-SAT parameter {key}={value!r} has the wrong type") from None
+
+
+def life_recurrence(model: Any, starts: Mapping[int, Any], steps: Iterable[int], prompt: int,
+                    output: int, tag: str) -> Iterator[tuple[int, Any, Any, Any]]:
+    """One request's activity a(k) ∈ {0, 1} and load ℓ(k) over ``steps`` (consecutive, from
+    its first possible start), given its start indicators ``starts`` {t: x_t}: yields
+    ``(k, a(k), ℓ(k), x_k)`` (x_k = 0 where it cannot start), adding
+
+        a(k) = a(k−1) + x_k − x_{k−o},   ℓ(k) = ℓ(k−1) + a(k−1) − x_{k−o} + s·x_k − (s+o−1)·x_{k−o}
+
+    (a start adds s, each running step adds 1, the end removes the last load s + o − 1), with
+    a, ℓ = 0 before the first step; variables are named ``a_{tag}_{k}`` and ``l_{tag}_{k}``.
+    Lazy: what the caller adds between two steps stays in the model in that order."""
+    a_prev: Any = 0
+    l_prev: Any = 0
+    for k in steps:
+        begin = starts.get(k, 0)
+        end = starts.get(k - output, 0)
+        a_k = model.new_bool_var(f"a_{tag}_{k}")
+        l_k = model.new_int_var(0, prompt + output - 1, f"l_{tag}_{k}")
+        model.add(a_k == a_prev + begin - end)
+        model.add(l_k == l_prev + a_prev - end + prompt * begin - (prompt + output - 1) * end)
+        yield k, a_k, l_k, begin
+        a_prev, l_prev = a_k, l_k
 
 
 def export_cpsat(model: Any, stem: str, *, scale: float = 1.0, constant: float = 0.0) -> str:

@@ -260,6 +260,18 @@ class ClairvoyantInstance:
         return int(r.max() + o.sum() // (self.num_replicas * self.slots) + o.max())
 
     @property
+    def life_loads(self) -> NDArray[np.int64]:
+        """C_i = o_i·s_i + o_i(o_i−1)/2 = Σ_{a<o_i} (s_i + a), shape (n,): request i's load
+        summed over its life (its token-steps; exact integers)."""
+        s, o = self.prompt_len, self.output_len
+        return o * s + o * (o - 1) // 2
+
+    @property
+    def total_load(self) -> int:
+        """C = Σ_i C_i (:attr:`life_loads`): every request's token-steps, whatever the schedule."""
+        return int(self.life_loads.sum())
+
+    @property
     def sense(self) -> Literal["min"]:
         """Both clairvoyant objectives are minimised."""
         return "min"

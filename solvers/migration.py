@@ -198,20 +198,16 @@ def partial_binding_at_schedule(instance: ClairvoyantInstance, replica: Any, sta
     optimum — the most :func:`partial_binding_dp` could prove — and at most the schedule's own
     objective (``k = 0``: the migration relaxation's value at these starts; ``k = n``: the
     schedule's objective). ``ValueError`` for an infeasible or, where required,
-    non-work-conserving schedule."""
+    non-work-conserving schedule (``clairvoyant_eval.fine_loads``, ``pooled_steps``)."""
     from .binding_bound import bound_requests
-    from .clairvoyant_eval import fine_loads, is_work_conserving
+    from .clairvoyant_eval import fine_loads, pooled_steps
 
     rep, st = np.asarray(replica, dtype=np.int64), np.asarray(start, dtype=np.int64)
     fine_loads(instance, rep, st)  # releases, replicas and slots
-    if instance.work_conserving and not is_work_conserving(instance, rep, st):
-        raise ValueError("not work-conserving: a request waits at a step with a slot free")
     tied = set(bound_requests(instance, min(k, instance.num_requests)))
-    s, o = instance.prompt_len, instance.output_len
     cache: dict[tuple, int] = {}
     total = 0.0
-    for step in range(int((st + o).max())):
-        live = np.flatnonzero((st <= step) & (step < st + o))
-        total += _step_cost(instance, [(int(s[i] + step - st[i]), int(rep[i]) if i in tied else -1)
-                                       for i in live], cache)
+    for _, live, loads in pooled_steps(instance, st):  # and work conservation
+        total += _step_cost(instance, [(load, int(rep[i]) if i in tied else -1)
+                                       for i, load in zip(live, loads, strict=True)], cache)
     return total

@@ -154,7 +154,7 @@ def test_partial_binding_at_a_schedule_by_hand() -> None:
     assert [partial_binding_at_schedule(inst, rep, start, k) for k in (1, 2, 4)] == [0.0, 4.0, 4.0]
     with pytest.raises(ValueError, match="slots"):
         partial_binding_at_schedule(inst, [0, 0, 0, 1], start, 1)
-    with pytest.raises(ValueError, match="work-conserving"):
+    with pytest.raises(ValueError, match="not work-conserving: a request waits at step 0"):
         partial_binding_at_schedule(inst, rep, [0, 0, 0, 1], 1)
 
 

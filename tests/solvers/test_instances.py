@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from balanceroute.solvers import ClairvoyantInstance, TickInstance, load_instance, save_instance
+from balanceroute.solvers.bridge import simulate_schedule
+from balanceroute.solvers.clairvoyant_eval import fine_loads
 from balanceroute.solvers.factories import tiny_clairvoyant_instance, tiny_tick_instance
 
 
@@ -93,3 +95,14 @@ def test_shipped_benchmarks_hold_their_proven_optima() -> None:
         elif inst.num_requests == 8 and checked < 2:  # two of the migration bounds, re-derived
             assert migration_bound_dp(inst) == rec["migration_bound"]
             checked += 1
+
+
+def test_life_loads_worked_example_and_every_schedule(rng) -> None:
+    # s = (5, 1), o = (2, 3): C = (5 + 6, 1 + 2 + 3) = (11, 6), C = 17.
+    inst = ClairvoyantInstance(num_replicas=2, slots=1, prompt_len=[5, 1], output_len=[2, 3])
+    assert inst.life_loads.tolist() == [11, 6] and inst.total_load == 17
+    # Any schedule's loads summed over replicas and steps are the total load.
+    for _ in range(5):
+        inst = tiny_clairvoyant_instance(rng)
+        run = simulate_schedule(inst, "round_robin")
+        assert int(fine_loads(inst, run.replica, run.start)[0].sum()) == inst.total_load
