@@ -52,7 +52,8 @@ def _grid(part: str) -> list[tuple[str, dict]]:
                 for t in (0.0, 16.0, 64.0, 256.0, 1024.0)] + [
             ("br0", dict(stage1="paper", r_max=4, beta_per_replica=1.0))]
     if part == "lpt":  # small batches placed whole: checked against LPT (shipped) or not
-        return [("br0", dict(lpt_batches=b)) for b in (False, True)]
+        return [(name, dict(lpt_batches=b)) for name in ("br0", "brh-survival", "brh-oracle")
+                for b in (False, True)]
     if part == "fill":  # Stage 2: the fill (r_max = 0) against the paper's (r_max = 4), β, ttft_slo_s
         rows = [("br0", dict(r_max=r, beta_per_replica=b, ttft_slo_s=t))
                 for r in (4, 0) for b in (1.0, 2.0, 3.0, 4.0) for t in (4.0, 6.0)]
@@ -132,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             fifo = simulate(test, build("least_load"), cfg).metrics
             jsq = simulate(test, build("jsq"), cfg).metrics
             for name, params in grid:
-                if name != "br0" and load != "saturated":
-                    continue  # BR-H rows: saturated only
+                if name != "br0" and load != "saturated" and args.part != "lpt":
+                    continue  # BR-H rows: saturated only (the small-burst check: every load)
                 m = simulate(test, build(name, **params), cfg).metrics
                 writer.writerow([label, load, name, repr(params), round(m["mean_imbalance"]),
                                  round(ref["mean_imbalance"]),

@@ -23,7 +23,7 @@ from .clairvoyant_eval import (
     model_incumbent,
     model_tables,
 )
-from .cpsat_backend import export_cpsat, run_cpsat
+from .cpsat_backend import export_cpsat, run_cpsat, stop_message
 from .incumbent import decode_step_schedule
 from .instances import ClairvoyantInstance
 from .scaling import inexact_scaling_message, step_time_weights
@@ -143,8 +143,7 @@ class ClairvoyantCpSatSolver(BackendSolver):
             value = evaluate_schedule(instance, replica, start_fine)["objective"]
             status = OPTIMAL if code == cp_model.OPTIMAL else FEASIBLE
         if status != OPTIMAL:
-            message = f"time limit {time_limit_s:g} s reached" + (
-                "" if status == FEASIBLE else " without a solution")
+            message = stop_message(solver, time_limit_s, found=status == FEASIBLE)
         raw = solver.best_objective_bound
         bound: float
         if instance.objective == "imbalance":

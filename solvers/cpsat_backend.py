@@ -7,6 +7,7 @@ Shared by every CP-SAT model (``tick_cpsat``, ``clairvoyant_cpsat``, ``aggregate
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -76,6 +77,18 @@ def export_cpsat(model: Any, stem: str, *, scale: float = 1.0, constant: float =
     if not copy.export_to_file(path):
         raise ValueError(f"could not write {path}")
     return path
+
+
+def stop_message(solver: Any, time_limit_s: float, *, found: bool) -> str:
+    """Why a CP-SAT solve ended without a proof: its deterministic budget
+    (``max_deterministic_time``, when one was set and spent) or the wall-clock limit."""
+    budget = solver.parameters.max_deterministic_time
+    spent = solver.response_proto.deterministic_time
+    if math.isfinite(budget) and spent >= 0.99 * budget:
+        why = f"deterministic budget {budget:g} s reached (wall-clock cap {time_limit_s:g} s)"
+    else:
+        why = f"time limit {time_limit_s:g} s reached"
+    return why + ("" if found else " without a solution")
 
 
 def run_cpsat(

@@ -17,7 +17,7 @@ from typing import ClassVar
 import numpy as np
 
 from .base import FEASIBLE, NO_SOLUTION, OPTIMAL, BackendSolver, Solution, check_solve_args
-from .cpsat_backend import export_cpsat, run_cpsat
+from .cpsat_backend import export_cpsat, run_cpsat, stop_message
 from .instances import TickInstance
 from .scaling import inexact_scaling_message, integer_scale
 from .tick_eval import check_tick_assignment, tick_objective
@@ -107,8 +107,7 @@ class TickCpSatSolver(BackendSolver):
         else:
             status = NO_SOLUTION
         if status != OPTIMAL:
-            message = f"time limit {time_limit_s:g} s reached" + ("" if value == value else
-                                                                   " without a solution")
+            message = stop_message(solver, time_limit_s, found=value == value)
         if instance.objective == "f_score":
             bound = solver.best_objective_bound / (tok * obj)
         else:

@@ -48,7 +48,8 @@ class BRHPolicy:
     ``predictor``: ``None`` forecasts nothing (everyone stays: pure growth lookahead).
     ``features``: maps request ids to features (:meth:`bind` sets it from a workload; ``None``
     passes only the prompt lengths the state carries). ``beta``: ``None`` means 2·G.
-    ``stage1``, ``growth_steps``, ``r_max`` (0: the fill tick), ``ttft_slo_s``, ``tick_fn``: as for BR-0.
+    ``stage1``, ``growth_steps``, ``r_max`` (0: the fill tick), ``ttft_slo_s``, ``lpt_batches``
+    (the small-burst check, on the current loads), ``tick_fn``: as for BR-0.
     ``fill_order``: the order in which the fill (``r_max = 0``) serves replicas — ``"level"``
     (default): the largest *fill level*, the constant Δ that maximises the paper's score of its
     margin profile m_g(h) (``papers/fill.md``); ``"margin"``: the largest current margin m_g(0).
@@ -82,6 +83,7 @@ class BRHPolicy:
     stage1: str = "fit"
     growth_steps: float | None = None
     ttft_slo_s: float | None = 4.0
+    lpt_batches: bool = True
     fill_order: str = "level"
     safeguard: float | None = DEFAULT_SAFEGUARD
     safeguard_weight: float = 1.0
@@ -110,7 +112,8 @@ class BRHPolicy:
             raise ValueError(f"{self.safeguard_weight=} must be a finite number >= 1")
         self._base = BR0Policy(s_greedy=self.s_greedy, r_max=self.r_max, deadline_s=self.deadline_s,
                                stage1=self.stage1, growth_steps=self.growth_steps,
-                               ttft_slo_s=self.ttft_slo_s, tick_fn=self.tick_fn)
+                               ttft_slo_s=self.ttft_slo_s, lpt_batches=self.lpt_batches,
+                               tick_fn=self.tick_fn)
 
     def beta_for(self, num_replicas: int) -> float:
         """β for a cluster of G replicas: ``beta``, or ``DEFAULT_BETA_PER_REPLICA·G``."""
@@ -166,6 +169,7 @@ class BRHPolicy:
                 self.growth_steps, int((state.free_slots + state.num_active).max())),
             ttft_slo_s=self.ttft_slo_s,
             fill_order=self.fill_order,
+            lpt_batches=self.lpt_batches,
         )
         if self.safeguard is None:
             return own

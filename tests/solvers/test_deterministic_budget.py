@@ -107,6 +107,9 @@ def test_tick_gap_is_the_same_under_load(generous_cap) -> None:
     # how much work was done (half the budget gives others), so a wall-clock budget would
     # give other numbers on a slower (loaded) machine.
     assert all(r["status"] == "feasible" and r["bound"] < r["optimum"] for r in quiet)
+    # … and the row says so: the deterministic budget, not the wall-clock cap, stopped it
+    assert all(r["message"].startswith("deterministic budget 0.05 s reached (wall-clock cap")
+               for r in quiet), quiet[0]["message"]
     half = run(0.05)
     assert all(a != b for a, b in zip(_tick_numbers(half), _tick_numbers(quiet), strict=True))
     hog = _busy_loop()
@@ -128,3 +131,19 @@ def test_cbc_runs_without_the_pulp_4_deprecation() -> None:
         sol = get_solver("clairvoyant-cbc").solve(clair, time_limit_s=30,
                                                    params={"maxNodes": "50"})
     assert sol.status == "optimal" and sol.objective == 8.0
+
+
+def test_stop_message_names_what_stopped_the_solver() -> None:
+    from types import SimpleNamespace
+
+    from balanceroute.solvers.cpsat_backend import stop_message
+
+    def solver(budget: float, spent: float) -> SimpleNamespace:
+        return SimpleNamespace(parameters=SimpleNamespace(max_deterministic_time=budget),
+                               response_proto=SimpleNamespace(deterministic_time=spent))
+
+    assert stop_message(solver(float("inf"), 3.0), 5.0, found=True) == "time limit 5 s reached"
+    assert (stop_message(solver(2.0, 2.0), 40.0, found=False)
+            == "deterministic budget 2 s reached (wall-clock cap 40 s) without a solution")
+    # the budget was set but not spent: the wall-clock cap stopped it
+    assert stop_message(solver(2.0, 0.5), 40.0, found=True) == "time limit 40 s reached"
