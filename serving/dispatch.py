@@ -126,6 +126,7 @@ class Dispatcher:
                 log.error("policy %s failed (%d so far); this tick uses least_load: %r",
                           getattr(self.policy, "name", "?"), self.policy_errors, exc)
             decision = self.fallback.assign(state, view)
+            validate_assignment(state, view, decision)  # the ledger applies only valid decisions
         placed = self.ledger.apply(state, view, decision)
         for ticket in placed:
             if ticket.replica in ticket.failed_on:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from balanceroute.core.state import Assignment, ClusterState, PoolView, validate_assignment
+from balanceroute.core.state import Assignment, ClusterState, PoolView
 
 __all__ = ["Ledger", "NoReplica", "PoolFull", "Ticket"]
 
@@ -216,8 +216,10 @@ class Ledger:
         return state, view
 
     def apply(self, state: ClusterState, view: PoolView, decision: Assignment) -> list[Ticket]:
-        """Bind the assigned pooled tickets to their replicas; returns them (``replica`` set)."""
-        validate_assignment(state, view, decision)
+        """Bind the assigned pooled tickets to their replicas; returns them (``replica`` set).
+        ``decision`` must be valid for ``state`` and ``view``
+        (:func:`~balanceroute.core.state.validate_assignment`): the dispatcher checks it once,
+        where the policy's decision enters, and decides a bad one by ``least_load`` instead."""
         self.step += 1
         if len(decision) == 0:
             return []

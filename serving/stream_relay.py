@@ -151,9 +151,8 @@ class StreamRelay:
             if write is None:
                 return False
         stop = len(data) - 4  # the payload without its blank line
-        if (self.stream._buf or not self.ticket.prompt_checked or not data.endswith(b"\n\n\r\n")
-                or data.find(b"\r", start, stop) >= 0  # (the framing holds none of the below)
-                or b"[]" in data or b'"error"' in data or b"recomputed" in data):
+        if (not data.endswith(b"\n\n\r\n") or data.find(b"\r", start, stop) >= 0  # (the framing has CRs)
+                or self._general_only(data)):
             return False
         try:
             at = self._fast_event(data, start, stop)
@@ -176,8 +175,7 @@ class StreamRelay:
         general framing."""
         stream = self.stream
         try:
-            if (stream._buf or not data.endswith(b"\n\n") or b"\r" in data or not self.ticket.prompt_checked
-                    or b"[]" in data or b'"error"' in data or b"recomputed" in data):
+            if not data.endswith(b"\n\n") or b"\r" in data or self._general_only(data):
                 batch = stream.feed(data)
                 if batch:
                     self._relay(batch)
@@ -213,6 +211,15 @@ class StreamRelay:
         except Exception:
             self._internal_error()
 
+    def _general_only(self, data: bytes) -> bool:
+        """Whether the read ``data`` must take the general path whatever its framing: part of an
+        event is still buffered, the prompt length is not settled yet (``prompt_checked``), or
+        the read holds ``[]`` (a usage-only chunk), ``"error"`` or ``recomputed`` (an event
+        that may be an error) — what :meth:`_fast_event` leaves to its callers. (CR line ends
+        are the caller's check: a whole chunk's framing holds CRs.)"""
+        return (self.stream._buf != b"" or not self.ticket.prompt_checked
+                or b"[]" in data or b'"error"' in data or b"recomputed" in data)
+
     def _internal_error(self) -> None:
         """A bug in the relay: the client gets an error event, the accounting stays right."""
         log.exception("relay of %s failed", self.ticket.request_id)
@@ -226,7 +233,7 @@ class StreamRelay:
         (``...,"usage":{...}}``): records its progress and returns where ``,"usage":`` starts
         (the client's bytes are cut there, as :meth:`convert` would); -1, untouched, for
         anything else. The caller has ruled out what needs the general path anywhere in the
-        read: ``[]`` (a usage-only chunk), ``"error"``, ``recomputed``, CR."""
+        read (:meth:`_general_only`, and CR line ends)."""
         end = stop - 2  # the usage object's closing brace
         at = data.rfind(b',"usage":{', start, end)
         if (at < 0 or not data.startswith(b"data: {", start) or not data.startswith(b"}}", end)
