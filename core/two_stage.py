@@ -193,7 +193,7 @@ def two_stage_assign(
     uses the paper's rule while the pool holds ≥ 2G requests. Every pop places at least one
     request, so the tick is work-conserving: it places min(Σ free, P).
 
-    ``lpt_batches`` (BR-0's default; ``papers/quality.md``): when the tick places a small batch
+    ``lpt_batches`` (on in BR-0 and BR-H; ``papers/quality.md``): when the tick places a small batch
     whole in Stage 1 — fewer than 2G pooled requests and Σ free − P ≥ ``s_greedy`` — it is
     checked against LPT (largest prompt first, each to the least-loaded replica with a free
     slot; ties: more free slots, lower index; :func:`~balanceroute.core._kernels.lpt_batch`),
