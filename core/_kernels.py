@@ -325,12 +325,13 @@ def _pick_k(prune, k, order, count, ub, alive, sizes, growth, exact, lin, cmax, 
         return
     _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus, tot, f1)
     n_c = 0
+    last = 0.0  # f1[cand[k − 1]] once k are kept (a local: the scan compares every request to it)
     for j in range(sizes.shape[0]):
         if not alive[j]:
             continue
         v = f1[j]
         if n_c == k:
-            if not v > f1[cand[k - 1]]:
+            if not v > last:
                 continue
             pos = k - 1
         else:
@@ -340,6 +341,8 @@ def _pick_k(prune, k, order, count, ub, alive, sizes, growth, exact, lin, cmax, 
             cand[pos] = cand[pos - 1]
             pos -= 1
         cand[pos] = j
+        if n_c == k:
+            last = f1[cand[k - 1]]
     for t in range(n_c):
         cand_f[t] = f1[cand[t]]
 
