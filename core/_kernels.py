@@ -283,25 +283,6 @@ def _one_score(j, sizes, growth, exact, lin, marg, d, alpha, ad, beta,
 
 
 @njit
-def _best_single(order, count, ub, alive, sizes, growth, exact, lin, marg, d, alpha, ad, beta,
-                 bonus):  # pragma: no cover - compiled
-    """The live request with the largest F({j}) + u_j (ties: pool order) and that score, by
-    best-first search in the bound order (see above)."""
-    best = -1
-    best_f = 0.0
-    for t in range(ub.shape[0]):
-        j = _ordered(t, ub, order, count)
-        if not alive[j]:
-            continue
-        if best >= 0 and ub[j] < best_f:
-            break
-        f = _one_score(j, sizes, growth, exact, lin, marg, d, alpha, ad, beta, bonus)
-        if best < 0 or f > best_f or (f == best_f and j < best):
-            best, best_f = j, f
-    return best, best_f
-
-
-@njit
 def _best_k(k, order, count, ub, alive, sizes, growth, exact, lin, marg, d, alpha, ad, beta,
             bonus, cand, cand_f):  # pragma: no cover - compiled
     """``cand[:n]``: the ``k`` live requests with the largest F({j}) + u_j, best first (ties: pool
@@ -332,27 +313,11 @@ def _best_k(k, order, count, ub, alive, sizes, growth, exact, lin, marg, d, alph
 
 
 @njit
-def _pick_single(prune, order, count, ub, alive, sizes, growth, exact, lin, cmax, loads, env, g, d,
-                 alpha, ad, beta, bonus, tot, f1, marg):  # pragma: no cover - compiled
-    """The live request with the largest F({j}) + u_j on replica g (ties: pool order) and its
-    score: best-first (``prune``) or by scoring the whole pool (:func:`_pool_scores`)."""
-    if prune:
-        _margins(loads, env, g, marg)
-        return _best_single(order, count, ub, alive, sizes, growth, exact, lin, marg, d, alpha, ad,
-                            beta, bonus)
-    _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus, tot, f1)
-    single = -1
-    for j in range(sizes.shape[0]):
-        if alive[j] and (single < 0 or f1[j] > f1[single]):
-            single = j
-    return single, f1[single]
-
-
-@njit
 def _pick_k(prune, k, order, count, ub, alive, sizes, growth, exact, lin, cmax, loads, env, g, d,
             alpha, ad, beta, bonus, tot, f1, marg, cand, cand_f):  # pragma: no cover - compiled
     """``cand[:k]``: the ``k`` (≤ live) requests with the largest F({j}) + u_j on replica g, best
-    first (ties: pool order): best-first (``prune``) or by scoring the whole pool."""
+    first (ties: pool order), and ``cand_f[:k]`` their scores: best-first (``prune``) or by scoring
+    the whole pool. ``k = 1`` is the best single request (Stage 1, the fill, the guard)."""
     if prune:
         _margins(loads, env, g, marg)
         _best_k(k, order, count, ub, alive, sizes, growth, exact, lin, marg, d, alpha, ad, beta,
@@ -360,12 +325,13 @@ def _pick_k(prune, k, order, count, ub, alive, sizes, growth, exact, lin, cmax, 
         return
     _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus, tot, f1)
     n_c = 0
+    last = 0.0  # f1[cand[k − 1]] once k are kept (a local: the scan compares every request to it)
     for j in range(sizes.shape[0]):
         if not alive[j]:
             continue
         v = f1[j]
         if n_c == k:
-            if not v > f1[cand[k - 1]]:
+            if not v > last:
                 continue
             pos = k - 1
         else:
@@ -375,6 +341,8 @@ def _pick_k(prune, k, order, count, ub, alive, sizes, growth, exact, lin, cmax, 
             cand[pos] = cand[pos - 1]
             pos -= 1
         cand[pos] = j
+        if n_c == k:
+            last = f1[cand[k - 1]]
     for t in range(n_c):
         cand_f[t] = f1[cand[t]]
 
@@ -644,7 +612,7 @@ def _set_score(q, n_q, sizes, growth, exact, bonus, loads, env, g, d, alpha, ad,
 @njit
 def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, lin, cmax, d, alpha,
                 ad, beta, bonus, tot, f1, traj, mg, alive, placed, remaining, by_level, prune,
-                order, count, ub, out_i, out_g):  # pragma: no cover - compiled
+                order, count, ub, cand, cand_f, out_i, out_g):  # pragma: no cover - compiled
     """Stage 2 as a fill (``r_max = 0``): while slots are left, the open replica with the largest
     fill level (``by_level``; else margin m(0); ties: more free slots, lower index, see
     :func:`_fill_replica`) takes the best of the DP's proposals
@@ -663,9 +631,9 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
     while placed < remaining:
         g = _fill_replica(free, loads, env, d, alpha, beta, by_level, marg, level, known)
         # best F({i}) + u_i, ties: pool order
-        single, f_single = _pick_single(prune, order, count, ub, alive, sizes, growth, exact, lin,
-                                        cmax, loads, env, g, d, alpha, ad, beta, bonus, tot, f1,
-                                        mg)
+        _pick_k(prune, 1, order, count, ub, alive, sizes, growth, exact, lin, cmax, loads, env, g,
+                d, alpha, ad, beta, bonus, tot, f1, mg, cand, cand_f)
+        single, f_single = cand[0], cand_f[0]
         cap = min(free[g], remaining - placed)
         # every slot but the tick's slack (Σ free − still to place) is filled this tick, so g takes
         # at least free[g] − slack now: fewer would only defer the rest to an overflow
@@ -811,6 +779,8 @@ def two_stage_kernel(
     f1 = np.empty(n_pool)
     traj = np.empty(width)
     mg = np.empty(width)
+    cand = np.empty(max(r_max, 1), dtype=np.int64)  # the best candidates of a pick, best first
+    cand_f = np.empty(max(r_max, 1))
     placed = 0
 
     # (0) pool deadline, oldest first (stable: ties keep pool order)
@@ -869,8 +839,9 @@ def two_stage_kernel(
                     g, best_m = r, m0
             elif free[r] > free[g] or (free[r] == free[g] and loads[r, 0] < loads[g, 0]):
                 g, best_m = r, m0
-        i, _ = _pick_single(prune, ranked, ranked_n, ub, alive, sizes, growth, exact, lin, cmax,
-                            loads, env, g, d, alpha, ad, beta, bonus, tot, f1, mg)
+        _pick_k(prune, 1, ranked, ranked_n, ub, alive, sizes, growth, exact, lin, cmax, loads, env,
+                g, d, alpha, ad, beta, bonus, tot, f1, mg, cand, cand_f)
+        i = cand[0]
         _place(i, g, loads, env, sizes, growth, has_growth, free, alive)
         free_sum -= 1
         out_i[placed] = i
@@ -883,10 +854,9 @@ def two_stage_kernel(
     if r_max <= 0:  # (2') the fill: exact subset sums over the pool, replicas by margin
         return _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, lin, cmax,
                            d, alpha, ad, beta, bonus, tot, f1, traj, mg, alive, placed,
-                           remaining, fill_by_level, prune, ranked, ranked_n, ub, out_i, out_g)
+                           remaining, fill_by_level, prune, ranked, ranked_n, ub, cand, cand_f,
+                           out_i, out_g)
     # (2) scarce room: best subset of the top r_max candidates for the top replica
-    cand = np.empty(max(r_max, 1), dtype=np.int64)
-    cand_f = np.empty(max(r_max, 1))
     idx = np.empty(max(r_max, 1), dtype=np.int64)
     best_q = np.empty(max(r_max, 1), dtype=np.int64)
     while placed < remaining:

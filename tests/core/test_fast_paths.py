@@ -17,7 +17,6 @@ from balanceroute.core._kernels import (
     _fill_proposals,
     _largest_contribution,
     _pick_k,
-    _pick_single,
     _pool_setup,
 )
 from balanceroute.core.dynamics import StepModel
@@ -291,16 +290,15 @@ def test_best_first_search_picks_what_the_pool_scan_picks(case, data):
         g = data.draw(st.integers(0, g_count - 1))
         args = (alive, sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus,
                 tot, f1, marg)
-        fast = _pick_single(True, order, count, ub, *args)
-        scan = _pick_single(False, order, count, ub, *args)
-        assert fast == scan  # the same request and the same score, bit for bit
-        k = data.draw(st.integers(1, int(alive.sum())))
-        picked = []
-        for prune_now in (True, False):
-            cand, cand_f = np.empty(k, np.int64), np.empty(k)
-            _pick_k(prune_now, k, order, count, ub, *args, cand, cand_f)
-            picked.append((cand.tolist(), cand_f.tolist()))
-        assert picked[0] == picked[1]
+        # k = 1 (the best single request: Stage 1, the fill) and any k (Stage 2's candidates):
+        # the same requests and the same scores, bit for bit
+        for k in (1, data.draw(st.integers(1, int(alive.sum())))):
+            picked = []
+            for prune_now in (True, False):
+                cand, cand_f = np.empty(k, np.int64), np.empty(k)
+                _pick_k(prune_now, k, order, count, ub, *args, cand, cand_f)
+                picked.append((cand.tolist(), cand_f.tolist()))
+            assert picked[0] == picked[1]
 
 
 
