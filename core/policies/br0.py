@@ -41,6 +41,8 @@ def check_tick_params(p: object) -> None:
         raise ValueError(f"{p.stage1=} must be 'fit' or 'paper'")
     if p.ttft_slo_s is not None and not (p.ttft_slo_s > 0 and np.isfinite(p.ttft_slo_s)):
         raise ValueError(f"{p.ttft_slo_s=} must be a number of seconds > 0 (or None: off)")
+    if not isinstance(p.lpt_batches, (bool, np.bool_)):
+        raise ValueError(f"{p.lpt_batches=} must be true or false")
 
 
 @dataclass(slots=True, kw_only=True)

@@ -28,6 +28,9 @@ def test_bad_parameters_are_value_errors():
         get_policy("br0", r_max=-1)
     with pytest.raises(ValueError, match="policy .jsq.: .*argument"):
         get_policy("jsq", bogus=1)
+    for name in ("br0", "brh"):  # a JSON params file saying "yes" is refused, not truthy
+        with pytest.raises(ValueError, match="lpt_batches.*true or false"):
+            get_policy(name, lpt_batches="yes")
 
 
 @pytest.mark.parametrize("name", ALL)
