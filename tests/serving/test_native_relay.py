@@ -296,6 +296,37 @@ def _relay_for(include_usage: bool, continuous: bool) -> tuple[StreamRelay, _Sin
     return relay, sink, loop
 
 
+def _through(path: str, data: bytes, include_usage: bool, continuous: bool) -> tuple[Any, ...]:
+    """One upstream read through ``path`` — ``frame``: as one whole chunk (``on_frame``, falling
+    back to ``on_body`` when it declines, as ``UpstreamResponse.pushed`` does), ``body``:
+    ``on_body``, ``general``: the general framing and :meth:`convert` alone — and what came of it:
+    (client bytes, progress, finished, outcome decided, whether ``on_frame`` took the read)."""
+    relay, sink, loop = _relay_for(include_usage, continuous)
+    took = False
+    try:
+        if path == "frame":
+            framed = frame(data)
+            took = relay.on_frame(framed, framed.index(b"\r\n") + 2)
+            if not took:
+                relay.on_body(data)
+        elif path == "body":
+            relay.on_body(data)
+        else:
+            try:
+                out, over = relay.convert(relay.stream.feed(data))
+                sink.write(out)
+                if over:
+                    relay._finish("ok")
+            except StreamBroken as exc:
+                sink.write(relay._error_event(exc))
+                relay._finish(exc.kind)
+        out = b"".join(sink.out)
+        broke = b"upstream decode failed mid-stream" in out  # then whether it finished is moot
+        return out, relay.ticket.age, broke or relay.stream.finished, relay._done.done(), took
+    finally:
+        loop.close()
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(vllm_events(), st.booleans(), st.booleans()), min_size=1, max_size=3), st.booleans(),
        st.booleans(), st.booleans())
@@ -308,31 +339,22 @@ def test_the_fast_path_relays_exactly_what_the_general_path_does(events: list[tu
     data = b"".join(b"data: " + json.dumps(obj, separators=(", ", ": ") if spaced else (",", ":"),
                                            ensure_ascii=ascii).encode() + b"\n\n"
                     for obj, spaced, ascii in events) + (b"data: [DONE]\n\n" if done else b"")
-    results = []
-    for path in ("frame", "body", "general"):
-        relay, sink, loop = _relay_for(include_usage, continuous)
-        try:
-            if path == "frame":  # the read as one whole chunk, as UpstreamResponse.pushed offers it
-                framed = frame(data)
-                if not relay.on_frame(framed, framed.index(b"\r\n") + 2):
-                    relay.on_body(data)
-            elif path == "body":
-                relay.on_body(data)
-            else:
-                try:
-                    out, over = relay.convert(relay.stream.feed(data))
-                    sink.write(out)
-                    if over:
-                        relay._finish("ok")
-                except StreamBroken as exc:
-                    sink.write(relay._error_event(exc))
-                    relay._finish(exc.kind)
-            out = b"".join(sink.out)
-            broke = b"upstream decode failed mid-stream" in out  # then whether it finished is moot
-            results.append((out, relay.ticket.age, broke or relay.stream.finished, relay._done.done()))
-        finally:
-            loop.close()
-    assert results[0] == results[2] and results[1] == results[2]
+    want = _through("general", data, include_usage, continuous)[:4]
+    assert _through("frame", data, include_usage, continuous)[:4] == want
+    assert _through("body", data, include_usage, continuous)[:4] == want
+
+
+@pytest.mark.parametrize("include_usage, continuous", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("n, pad", [(1, 0), (3, 0), (2, 40)])  # the last of n tokens finishes
+def test_the_whole_chunk_path_takes_a_compact_event_and_relays_what_the_general_path_does(
+        include_usage: bool, continuous: bool, n: int, pad: int) -> None:
+    """The property test above mostly sees reads that ``on_frame`` declines (several or spaced
+    events), so each usage setting gets one read it must take — a compact token event, finishing
+    or not — and the same bytes, progress and finish as the general path."""
+    for event in tokens(n, pad=pad)[-2:]:
+        got = _through("frame", event, include_usage, continuous)
+        assert got[4], event  # on_frame took it
+        assert got[:4] == _through("general", event, include_usage, continuous)[:4]
 
 
 def test_the_fast_path_takes_vllms_compact_token_events_only() -> None:
