@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import socket
 import sys
 from typing import Any
 
@@ -26,6 +25,7 @@ import uvicorn
 
 from balanceroute.serving.asgi import SPLICE, Downstream
 from balanceroute.serving.http_server import NativeServer
+from balanceroute.serving.runner import bind_socket
 from balanceroute.serving.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 
@@ -115,11 +115,7 @@ def make_app(urls: list[str]) -> Any:
 
 
 async def _serve_native(app: Any, port: int) -> None:
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
-    sock.listen(2048)
-    await NativeServer(app).serve(sockets=[sock])
+    await NativeServer(app).serve(sockets=[bind_socket("127.0.0.1", port)])
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from balanceroute.core.state import ClusterState, PoolView
+from balanceroute.core.state import ClusterState, PoolView, validate_assignment
 from balanceroute.core.workloads.base import Workload
 
 
@@ -43,4 +43,6 @@ def ledger_tick(ledger, policy, now: float) -> list:
     if inputs is None:
         return []
     state, view = inputs
-    return ledger.apply(state, view, policy.assign(state, view))
+    decision = policy.assign(state, view)
+    validate_assignment(state, view, decision)  # the dispatcher checks it before the ledger applies it
+    return ledger.apply(state, view, decision)
