@@ -166,9 +166,8 @@ def clairvoyant_gap_rows(
     ``bound_requests`` largest requests bound for life (default ``BOUND_REQUESTS``);
     ``bound_method`` names the winner.
     Policies' gaps are against the best schedule (``rel_gap``) and the bound (``gap_to_bound``)."""
-    from .aggregate_bound import METHODS, aggregate_bound
+    from .aggregate_bound import aggregate_bound
     from .binding_bound import BOUND_REQUESTS, binding_bound
-    from .binding_bound import METHOD as BINDING_CPSAT
     from .bounds import clairvoyant_lp_bound, clairvoyant_trivial_bound
     from .bridge import simulate_schedule
     from .incumbent import improve_schedule
@@ -230,7 +229,7 @@ def clairvoyant_gap_rows(
                                         **_solver_options(None, f"{stem}-binding", log_dir,
                                                           export_dir))
                     capped = capped or _capped(res.wall_s, cap_b)
-                    bounds[BINDING_CPSAT.format(k=k_bound)] = res.bound
+                    bounds[res.method] = res.bound
                 continue
             if which == "migration" and dp_fits(inst):
                 exact = migration_bound_dp(inst)
@@ -246,7 +245,7 @@ def clairvoyant_gap_rows(
                                   hint=start, relaxation=which, params=bound_budget,
                                   **_solver_options(None, f"{stem}-{which}", log_dir, export_dir))
             capped = capped or _capped(agg.wall_s, bound_cap)
-            bounds[METHODS[which]] = agg.bound
+            bounds[agg.method] = agg.bound
         ceilings = _ceilings(inst, replica, start, min(tied, inst.num_requests))
         finite = {m: b for m, b in bounds.items() if math.isfinite(b)}
         method = max(finite, key=lambda m: finite[m]) if finite else "none"

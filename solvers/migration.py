@@ -75,11 +75,11 @@ def partition_envelope(loads: tuple[int, ...], parts: int, cap: int,
 
 
 def _step_cost(inst: ClairvoyantInstance, active: list[tuple[int, int]],
-               cache: dict[tuple, int]) -> float:
+               env_cache: dict[tuple, int]) -> float:
     """One decode step's cost when the ``active`` (load, replica) pairs with replica ≥ 0 stay
     where they are and those with replica −1 are re-partitioned as well as possible:
     G·P* − Σ loads (imbalance) or b + a·P* (step time; 0 when idle), with P* the
-    :func:`partition_envelope` of the free loads given the bound ones. ``cache`` memoises P*."""
+    :func:`partition_envelope` of the free loads given the bound ones. ``env_cache`` memoises P*."""
     if not active:
         return 0.0
     g_count = inst.num_replicas
@@ -91,9 +91,9 @@ def _step_cost(inst: ClairvoyantInstance, active: list[tuple[int, int]],
             placed[g][1] += 1
     base = tuple(sorted((a, c) for a, c in placed))  # replica labels do not matter
     key = (loads, base)
-    env = cache.get(key)
+    env = env_cache.get(key)
     if env is None:
-        env = cache[key] = partition_envelope(loads, g_count, inst.slots, base)
+        env = env_cache[key] = partition_envelope(loads, g_count, inst.slots, base)
     if inst.objective == "imbalance":
         return float(g_count * env - sum(load for load, _ in active))
     return inst.step_b + inst.step_a * env
@@ -205,9 +205,9 @@ def partial_binding_at_schedule(instance: ClairvoyantInstance, replica: Any, sta
     rep, st = np.asarray(replica, dtype=np.int64), np.asarray(start, dtype=np.int64)
     fine_loads(instance, rep, st)  # releases, replicas and slots
     tied = set(bound_requests(instance, min(k, instance.num_requests)))
-    cache: dict[tuple, int] = {}
+    env_cache: dict[tuple, int] = {}
     total = 0.0
     for _, live, loads in pooled_steps(instance, st):  # and work conservation
         total += _step_cost(instance, [(load, int(rep[i]) if i in tied else -1)
-                                       for i, load in zip(live, loads, strict=True)], cache)
+                                       for i, load in zip(live, loads, strict=True)], env_cache)
     return total

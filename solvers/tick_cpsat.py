@@ -107,7 +107,7 @@ class TickCpSatSolver(BackendSolver):
         else:
             status = NO_SOLUTION
         if status != OPTIMAL:
-            message = stop_message(solver, time_limit_s, found=value == value)
+            message = stop_message(solver, time_limit_s, found=status == FEASIBLE)
         if instance.objective == "f_score":
             bound = solver.best_objective_bound / (tok * obj)
         else:
