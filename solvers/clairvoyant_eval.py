@@ -25,6 +25,14 @@ COARSE_MESSAGE = ("coarsened (q={q}): the model's schedule, made work-conserving
                   "and evaluated exactly; no proven bound from this model")
 
 
+def _check_releases(instance: ClairvoyantInstance, st: NDArray) -> None:
+    """``ValueError`` naming the first request whose start comes before its release."""
+    early = np.flatnonzero(st < instance.release)
+    if early.size:
+        i = int(early[0])
+        raise ValueError(f"request {i} starts at step {int(st[i])} before its release {int(instance.release[i])}")
+
+
 def fine_loads(instance: ClairvoyantInstance, replica: NDArray, start: NDArray) -> tuple[NDArray, NDArray]:
     """``(loads, active)``, both (G, K) over decode steps 0 … K−1 (K = the makespan), after
     checking releases, replicas and slots (``ValueError`` on a violation)."""
@@ -35,10 +43,7 @@ def fine_loads(instance: ClairvoyantInstance, replica: NDArray, start: NDArray) 
         raise ValueError(f"a schedule needs replica and start of shape ({n},)")
     if rep.min() < 0 or rep.max() >= g_count:
         raise ValueError(f"a schedule must place every request on a replica in 0..{g_count - 1}")
-    early = np.flatnonzero(st < instance.release)
-    if early.size:
-        i = int(early[0])
-        raise ValueError(f"request {i} starts at step {int(st[i])} before its release {int(instance.release[i])}")
+    _check_releases(instance, st)
     end = st + instance.output_len
     loads = np.zeros((g_count, int(end.max())), dtype=np.int64)
     active = np.zeros_like(loads)
@@ -89,10 +94,8 @@ def pooled_steps(instance: ClairvoyantInstance, start: NDArray) -> Iterator[tupl
     st = np.asarray(start, dtype=np.int64)
     if st.shape != (instance.num_requests,):
         raise ValueError(f"start must have shape ({instance.num_requests},)")
+    _check_releases(instance, st)
     s, o, r = instance.prompt_len, instance.output_len, instance.release
-    if (st < r).any():
-        i = int(np.flatnonzero(st < r)[0])
-        raise ValueError(f"request {i} starts at step {int(st[i])} before its release {int(r[i])}")
     cap = instance.num_replicas * instance.slots
     for k in range(int((st + o).max())):
         running = np.flatnonzero((st <= k) & (k < st + o))
