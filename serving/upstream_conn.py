@@ -162,11 +162,11 @@ class UpstreamResponse:
         self._pool, self._key, self._conn, self._timeout = pool, key, conn, read_timeout
         self._closed = False
         self._keep = headers.get("connection", "").lower() != "close"
-        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-        self._decoder = ChunkedDecoder() if self._chunked else None
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self._decoder = ChunkedDecoder() if chunked else None
         length = headers.get("content-length")
         self._left: int | None = None
-        if not self._chunked:
+        if not chunked:
             if length is None or not length.strip().isdigit():
                 self._keep = False  # body ends at EOF
             else:
