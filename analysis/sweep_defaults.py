@@ -1,11 +1,12 @@
 """The multi-workload sweep behind the shipped BR-0 / BR-H defaults, on training data only.
 
-``python -m balanceroute.analysis.sweep_defaults [br0|brh|fill|brhfill|safeguard|lpt] [--out CSV]`` runs it (nice it: it is a
+``python -m balanceroute.analysis.sweep_defaults [br0|brh|fill|brhfill|safeguard|lpt|backlog] [--out CSV]`` runs it (nice it: it is a
 few minutes of one core per part). The data never overlap what the quality matrix or Table 1
 *simulate*: the generated workloads are drawn at seeds 11 and 12 (the matrix uses 0–4), and the
 replays are slices outside every simulated (test) half: mooncake-conv rows 3,000–6,000 and
 azure-conv-2023 rows 3,000–9,000 (the matrix simulates rows 1,500–3,000 and the second half of
-the whole trace). Each slice is split in two: the first half fits the predictors, the second is
+the whole trace); the ``safeguard`` part adds generated seeds 13 and 14, the ``backlog`` part
+seed 13 and both generated workloads at 20,000 requests, seed 11. Each slice is split in two: the first half fits the predictors, the second is
 simulated. Every row records the ratio to BF-IO-H0 and to BR-0 with the shipped defaults; the
 choice (README, "Defaults") takes the best worst case over the slices, then the best mean (the
 ``safeguard`` part's exception, a judge that never lets the lookahead act, is in
@@ -28,9 +29,11 @@ __all__ = ["training_slices"]
 G = 8
 
 
-def training_slices(seeds: tuple[int, ...] = (11, 12)) -> Iterator[tuple[str, object, object]]:
+def training_slices(seeds: tuple[int, ...] = (11, 12), *,
+                    long: bool = False) -> Iterator[tuple[str, object, object]]:
     """(label, train, test) of every training slice (module docstring); ``seeds``: those of the
-    generated workloads (``safeguard`` adds 13 and 14, still none of the matrix's 0–4)."""
+    generated workloads (``safeguard`` adds 13 and 14, still none of the matrix's 0–4); ``long``
+    adds both generated workloads drawn at 20,000 requests at the first seed."""
     from balanceroute.core.workloads import load_workload
 
     def halves(w):
@@ -44,6 +47,10 @@ def training_slices(seeds: tuple[int, ...] = (11, 12)) -> Iterator[tuple[str, ob
            *halves(load_workload("mooncake-conv", requests=6_000).take(np.arange(3_000, 6_000))))
     yield ("azure-conv-2023[3000:9000]",
            *halves(load_workload("azure-conv-2023", requests=9_000).take(np.arange(3_000, 9_000))))
+    if long:
+        for name in ("azure-2024-long", "servegen-r1"):
+            yield (f"{name}@{seeds[0]} n=20000",
+                   *halves(load_workload(name, requests=20_000, seed=seeds[0])))
 
 
 def _grid(part: str) -> list[tuple[str, dict]]:
@@ -51,6 +58,10 @@ def _grid(part: str) -> list[tuple[str, dict]]:
         return [("br0", dict(growth_steps=t, r_max=4, beta_per_replica=1.0))
                 for t in (0.0, 16.0, 64.0, 256.0, 1024.0)] + [
             ("br0", dict(stage1="paper", r_max=4, beta_per_replica=1.0))]
+    if part == "backlog":  # BR-H's backlog window: off, or on at a decode share (0.2 shipped)
+        return [(name, dict(backlog_horizon=None)) for name in ("brh-survival", "brh-oracle")] + [
+            (name, dict(backlog_share=x)) for name in ("brh-survival", "brh-oracle")
+            for x in (0.1, 0.2, 0.3)]
     if part == "lpt":  # small batches placed whole: checked against LPT (shipped) or not
         return [(name, dict(lpt_batches=b)) for name in ("br0", "brh-survival", "brh-oracle")
                 for b in (False, True)]
@@ -91,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     from balanceroute.core.simulator import SimConfig, simulate
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=("br0", "brh", "fill", "brhfill", "safeguard", "lpt"))
+    ap.add_argument("part", choices=("br0", "brh", "fill", "brhfill", "safeguard", "lpt",
+                                     "backlog"))
     ap.add_argument("--out", default="-")
     args = ap.parse_args(argv)
     out = sys.stdout if args.out == "-" else open(args.out, "w", newline="")  # noqa: SIM115
@@ -114,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         grid = _grid(args.part)
         slices = [(f"{label} G={g}", g, train, test)
                   for label, train, test in training_slices() for g in (G, 2 * G)]
+    elif args.part == "backlog":  # the short slices at seeds 11-13 and two 20,000-request draws
+        grid = _grid(args.part)
+        slices = [(f"{label} G={g}", g, train, test)
+                  for label, train, test in training_slices((11, 12, 13), long=True)
+                  for g in (G, 2 * G)]
     else:
         grid = _brh_fill_grid() if args.part == "brhfill" else _grid(args.part)
         slices = [(label, G, train, test) for label, train, test in training_slices()]
@@ -133,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             fifo = simulate(test, build("least_load"), cfg).metrics
             jsq = simulate(test, build("jsq"), cfg).metrics
             for name, params in grid:
-                if name != "br0" and load != "saturated" and args.part != "lpt":
-                    continue  # BR-H rows: saturated only (the small-burst check: every load)
+                if name != "br0" and load != "saturated" and args.part not in ("lpt", "backlog"):
+                    continue  # BR-H rows: saturated only (except the lpt and backlog parts)
                 m = simulate(test, build(name, **params), cfg).metrics
                 writer.writerow([label, load, name, repr(params), round(m["mean_imbalance"]),
                                  round(ref["mean_imbalance"]),

@@ -372,6 +372,10 @@ def _place(i, g, loads, env, sizes, growth, has_growth, free, alive):  # pragma:
     return moved
 
 
+BACKLOG_PER_REPLICA = 2
+"""A pool of at least this many requests per replica is a *backlog*: the fill tick then runs Stage 1
+by the paper's rule, the small-batch check stays off, and BR-H may take its backlog window."""
+
 FILL_LEVELS = 4096
 """Stage 2's fill (``r_max = 0``) tracks subset sums 0..2·safe in at most this many quantum steps
 (a quantum q = 1 + 2·safe // FILL_LEVELS tokens; q = 1 — exact — while 2·safe < FILL_LEVELS)."""
@@ -769,7 +773,7 @@ def two_stage_kernel(
         return 0
     # a small batch placed whole in Stage 1 (fewer than 2G requests, room to spare): checked
     # against LPT at the end (``lpt_batch``)
-    batch = lpt_batches and n_pool < 2 * n_rep and free_sum - n_pool >= s_greedy
+    batch = lpt_batches and n_pool < BACKLOG_PER_REPLICA * n_rep and free_sum - n_pool >= s_greedy
     loads0 = loads[:, 0].copy() if batch else np.empty(0)
     free0 = free.copy() if batch else np.empty(0, dtype=np.int64)
     lin, bonus, ub, prune, ranked, ranked_n, cmax = _pool_setup(
@@ -827,7 +831,7 @@ def two_stage_kernel(
         best_m = 0.0
         # the fill tick (r_max = 0) spreads by free slots while the pool holds ≥ 2 requests per
         # replica (a batch: every replica takes some), by margin below that
-        by_fit = fit_stage1 and not (r_max <= 0 and n_pool >= 2 * n_rep)
+        by_fit = fit_stage1 and not (r_max <= 0 and n_pool >= BACKLOG_PER_REPLICA * n_rep)
         for r in range(n_rep):
             if free[r] <= 0:
                 continue

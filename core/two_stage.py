@@ -31,7 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._jit import HAVE_NUMBA
-from ._kernels import FILL_LEVELS, FILL_WINDOW, lpt_batch
+from ._kernels import BACKLOG_PER_REPLICA, FILL_LEVELS, FILL_WINDOW, lpt_batch
 from ._kernels import two_stage_kernel as _two_stage_kernel
 from .state import Assignment
 
@@ -300,7 +300,8 @@ def _two_stage_numpy(
         return contrib if exact else sizes[:, None] * np.ones_like(d)
 
     remaining = min(int(free.sum()), n_pool)
-    batch = lpt_batches and n_pool < 2 * loads.shape[0] and int(free.sum()) - n_pool >= s_greedy
+    batch = (lpt_batches and n_pool < BACKLOG_PER_REPLICA * loads.shape[0]
+             and int(free.sum()) - n_pool >= s_greedy)
     loads0, free0 = loads[:, 0].copy(), free.copy()
 
     # (0) pool deadline: the KV lease of a pooled request is about to expire.
@@ -319,7 +320,7 @@ def _two_stage_numpy(
     while len(out_i) < remaining and free.sum() > s_greedy:
         open_g = np.flatnonzero(free > 0)
         # (the fill tick, r_max = 0, spreads by free slots while the pool has ≥ 2G requests)
-        if stage1 == "fit" and not (r_max == 0 and n_pool >= 2 * loads.shape[0]):
+        if stage1 == "fit" and not (r_max == 0 and n_pool >= BACKLOG_PER_REPLICA * loads.shape[0]):
             m0 = (loads.max(axis=0)[0] - loads[open_g, 0]) + growth_steps * free[open_g]
             g = int(open_g[np.lexsort((-free[open_g], -m0))[0]])
         else:  # the paper's rule: most free slots, ties: lower load

@@ -12,7 +12,7 @@ from ..model import discounts
 from ..predictors.base import FeatureSource, Predictor, RequestFeatures
 from ..projection import departure_steps, placement_growth, project_loads, projected_cost
 from ..state import Assignment, ClusterState, PoolView
-from ..two_stage import two_stage_assign
+from ..two_stage import BACKLOG_PER_REPLICA, two_stage_assign
 from ..workloads.base import Workload
 from .br0 import BR0Policy, check_tick_params, stage1_growth_steps
 
@@ -63,9 +63,24 @@ class BRHPolicy:
     plan in all but 0.02 % of the ticks (BR-H then *is* BR-0; ``papers/quality.md``, "BR-H's
     safeguard"). The lookahead departs from BR-0 only where its own model says it gains clearly;
     ``safeguard=None`` turns the safeguard off (the lookahead alone).
+    *Backlog window* (``backlog_horizon``, ``backlog_gamma``, ``backlog_beta_per_replica``,
+    ``backlog_share``): a tick with a backlog (≥ ``BACKLOG_PER_REPLICA``·G pooled requests, the
+    fill tick's batch rule) on decode-heavy traffic — the running requests' decode growth is at
+    least ``backlog_share`` of their KV load, Σ a_i / Σ (s_i + a_i) — looks ``backlog_horizon``
+    steps ahead with γ = ``backlog_gamma`` and β = ``backlog_beta_per_replica``·G (the safeguard
+    judges on that window). Why: with a backlog the tick chooses *which* requests start, and on
+    decode-heavy traffic the loads are shaped by growth and departures far beyond the short
+    window; on prefill-heavy traffic (growth a small share of the load) a long window misjudges
+    the many departures it sees and is 1.5–3.9× worse, so the short window stays there, and
+    below saturation (no backlog) too, and without a predictor (no departure is forecast, so a
+    long window sees growth alone: 0.99–1.10× its short one on three training slices;
+    ``papers/quality.md``, "The backlog window"). A predictor trained for one horizon (it
+    carries it as ``.horizon``: ``learned``) keeps its window. ``backlog_horizon=None`` turns
+    it off.
     Defaults H = 80, γ = 0.86,
     β = 2·G come from a training-only multi-workload sweep (README, "Defaults"); with
-    ``horizon=0, alpha=1`` and BR-0's β (``beta_per_replica``·G) the decisions are exactly BR-0's
+    ``horizon=0, alpha=1``, BR-0's β (``beta_per_replica``·G) and ``backlog_horizon=None`` the
+    decisions are exactly BR-0's
     (with the safeguard on, for the shipped β = 3·G: the fallback is the shipped BR-0).
     """
 
@@ -87,6 +102,10 @@ class BRHPolicy:
     fill_order: str = "level"
     safeguard: float | None = DEFAULT_SAFEGUARD
     safeguard_weight: float = 1.0
+    backlog_horizon: int | None = 160
+    backlog_gamma: float = 0.98
+    backlog_beta_per_replica: float = 16.0
+    backlog_share: float = 0.2
     name: str = "brh"
     tick_fn: Callable[..., Assignment] = field(default=two_stage_assign, repr=False)
     _base: BR0Policy = field(init=False, repr=False, compare=False)
@@ -110,6 +129,15 @@ class BRHPolicy:
             raise ValueError(f"{self.safeguard=} must be in [0, 1) (or None: off)")
         if not (self.safeguard_weight >= 1.0 and np.isfinite(self.safeguard_weight)):
             raise ValueError(f"{self.safeguard_weight=} must be a finite number >= 1")
+        if self.backlog_horizon is not None:
+            if int(self.backlog_horizon) != self.backlog_horizon or self.backlog_horizon < 0:
+                raise ValueError(f"{self.backlog_horizon=} must be an integer >= 0 (or None: off)")
+            discounts(0, self.backlog_gamma)
+            beta = self.backlog_beta_per_replica
+            if not (beta > 0 and np.isfinite(beta)):
+                raise ValueError(f"{self.backlog_beta_per_replica=} must be a finite number > 0")
+            if not 0.0 <= self.backlog_share <= 1.0:
+                raise ValueError(f"{self.backlog_share=} must be in [0, 1]")
         self._base = BR0Policy(s_greedy=self.s_greedy, r_max=self.r_max, deadline_s=self.deadline_s,
                                stage1=self.stage1, growth_steps=self.growth_steps,
                                ttft_slo_s=self.ttft_slo_s, lpt_batches=self.lpt_batches,
@@ -123,10 +151,26 @@ class BRHPolicy:
         """A copy whose request ids are rows of ``workload`` (the simulator's ids)."""
         return replace(self, features=RequestFeatures.from_workload(workload))
 
-    def forecast(self, state: ClusterState, pool: PoolView) -> tuple[np.ndarray, np.ndarray]:
+    def window(self, state: ClusterState, pool: PoolView) -> tuple[int, float, float]:
+        """(H, γ, β) of this tick: the backlog window on a decode-heavy backlog, else the
+        policy's own (class docstring)."""
+        g_count = state.num_replicas
+        if (self.backlog_horizon is not None and self.predictor is not None
+                and getattr(self.predictor, "horizon", None) is None  # answers any H
+                and len(pool) >= BACKLOG_PER_REPLICA * g_count):
+            grown = float(state.active_age.sum())
+            if grown > 0 and grown >= self.backlog_share * float(
+                    state.active_prompt.sum() + grown):
+                return (int(self.backlog_horizon), float(self.backlog_gamma),
+                        float(self.backlog_beta_per_replica) * g_count)
+        return int(self.horizon), float(self.gamma), self.beta_for(g_count)
+
+    def forecast(self, state: ClusterState, pool: PoolView,
+                 horizon: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Departure steps (1..H+1) of the running requests and of the pooled ones (if placed
-        now, at age 0), from one predictor call over both."""
-        h = int(self.horizon)
+        now, at age 0), from one predictor call over both; H = ``horizon`` (default: the
+        policy's)."""
+        h = int(self.horizon if horizon is None else horizon)
         n_act, n_pool = state.active_age.shape[0], len(pool)
         if self.predictor is None or h == 0:
             return np.full(n_act, h + 1, np.int64), np.full(n_pool, h + 1, np.int64)
@@ -142,15 +186,15 @@ class BRHPolicy:
     def assign(self, state: ClusterState, pool: PoolView) -> Assignment:
         """One BR-H tick: forecast, project L̂ (G, H+1), run the two-stage tick on it; with the
         safeguard, place BR-0's plan unless this one projects clearly less imbalance."""
-        h = int(self.horizon)
         if len(pool) == 0 or not state.free_slots.any():
             return Assignment()
-        dep_act, dep_pool = self.forecast(state, pool)
+        h, gamma, beta = self.window(state, pool)
+        dep_act, dep_pool = self.forecast(state, pool, h)
         proj = project_loads(
             state.loads, state.active_replica, state.active_prompt + state.active_age, dep_act, h
         )
         growth = placement_growth(pool.prompt_len, dep_pool, h)
-        d = discounts(h, self.gamma)
+        d = discounts(h, gamma)
         own = self.tick_fn(
             proj,
             state.free_slots,
@@ -158,7 +202,7 @@ class BRHPolicy:
             pool.wait,
             d=d,
             alpha=self.alpha,
-            beta=self.beta_for(state.num_replicas),
+            beta=beta,
             s_greedy=self.s_greedy,
             r_max=self.r_max,
             deadline_s=self.deadline_s,

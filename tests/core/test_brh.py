@@ -64,13 +64,13 @@ def test_placement_growth_is_the_same_projection():
 # --- H = 0 is BR-0 ------------------------------------------------------------------------
 
 
-def _random_running_tick(data, replicas):
+def _random_running_tick(data, replicas, max_age=300):
     """A consistent tick: running requests (rows of a feature table) and a pool after them."""
     slots = data.draw(st.integers(1, 5))
     counts = data.draw(st.lists(st.integers(0, slots), min_size=replicas, max_size=replicas))
     n = sum(counts)
     prompt = np.array(data.draw(st.lists(st.integers(1, 4000), min_size=n, max_size=n)), np.int64)
-    age = np.array(data.draw(st.lists(st.integers(0, 300), min_size=n, max_size=n)), np.int64)
+    age = np.array(data.draw(st.lists(st.integers(0, max_age), min_size=n, max_size=n)), np.int64)
     left = np.array(data.draw(st.lists(st.integers(1, 200), min_size=n, max_size=n)), np.int64)
     rep = np.repeat(np.arange(replicas), counts).astype(np.int64)
     n_pool = data.draw(st.integers(0, 12))
@@ -114,7 +114,7 @@ def test_horizon_zero_makes_br0_decisions(data, replicas, s_greedy, r_max, predi
     # with another β only the lookahead alone (safeguard None) is BR-0 at that β
     brh = BRHPolicy(predictor=pred, features=table, horizon=0, alpha=1.0,
                     beta=beta_per_replica * replicas, s_greedy=s_greedy, r_max=r_max,
-                    safeguard=0.05 if beta_per_replica == 3.0 else None)
+                    safeguard=0.05 if beta_per_replica == 3.0 else None, backlog_horizon=None)
     br0 = BR0Policy(s_greedy=s_greedy, r_max=r_max, beta_per_replica=beta_per_replica)
     a, b = brh.assign(state, view), br0.assign(state, view)
     assert a.pool_index.tolist() == b.pool_index.tolist()
@@ -193,6 +193,73 @@ def test_the_safeguard_keeps_br0s_plan_unless_the_lookahead_gains_clearly():
     assert BRHPolicy(safeguard=None, **w3).assign(state, view).pool_index.tolist() == [1]
 
 
+# --- the backlog window ---------------------------------------------------------------------
+
+
+def _backlog_tick(n_pool, age):
+    """Two replicas running one request each (s = 100, age ``age``), a free slot each, and
+    ``n_pool`` pooled requests of 100 tokens."""
+    state = ClusterState(
+        loads=np.array([100 + age, 100 + age]), free_slots=np.array([1, 1]),
+        num_active=np.array([1, 1]), active_replica=np.array([0, 1]),
+        active_prompt=np.array([100, 100]), active_age=np.array([age, age]),
+        active_ids=np.array([0, 1]),
+    )
+    view = PoolView(prompt_len=np.full(n_pool, 100), wait=np.zeros(n_pool),
+                    request_ids=np.arange(2, 2 + n_pool))
+    return state, view
+
+
+def test_the_backlog_window_applies_on_a_decode_heavy_backlog_only():
+    brh = BRHPolicy(predictor=Oracle())  # short window H = 80, γ = 0.86, β = 2·G = 4
+    long, short = (160, 0.98, 32.0), (80, 0.86, 4.0)
+    # 4 pooled = 2·G (a backlog) and decode growth 30 / (100 + 30) = 0.23 >= 0.2: the long window
+    assert brh.window(*_backlog_tick(4, 30)) == long
+    # growth 20 / 120 = 0.17 < 0.2 (prefill-heavy), or 3 pooled < 2·G (no backlog): the short one
+    assert brh.window(*_backlog_tick(4, 20)) == short
+    assert brh.window(*_backlog_tick(3, 30)) == short
+    # the threshold is inclusive: growth 25 / 125 = 0.2
+    assert brh.window(*_backlog_tick(4, 25)) == long
+    # off without a predictor (no departures forecast) and with backlog_horizon=None
+    assert BRHPolicy().window(*_backlog_tick(4, 30)) == short
+    off = BRHPolicy(predictor=Oracle(), backlog_horizon=None)
+    assert off.window(*_backlog_tick(4, 30)) == short
+    # a predictor trained for one horizon (it carries it) keeps the policy's window
+
+    @dataclass
+    class OneHorizon:
+        horizon: int = 80
+
+        def predict(self, features, ages, horizon):
+            raise AssertionError("not called by window()")
+
+    assert BRHPolicy(predictor=OneHorizon()).window(*_backlog_tick(4, 30)) == short
+    custom = BRHPolicy(predictor=Oracle(), backlog_horizon=40, backlog_gamma=0.9,
+                       backlog_beta_per_replica=5.0, backlog_share=0.1)
+    assert custom.window(*_backlog_tick(4, 20)) == (40, 0.9, 10.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), replicas=st.integers(1, 3), safeguard=st.sampled_from([None, 0.05]),
+       decode_heavy=st.booleans())
+def test_the_backlog_window_decides_as_that_window_does(data, replicas, safeguard, decode_heavy):
+    # each tick decides exactly as a policy whose own window is the one window() picked
+    state, view, table = _random_running_tick(data, replicas, 20_000 if decode_heavy else 300)
+    brh = BRHPolicy(predictor=Oracle(), features=table, safeguard=safeguard)
+    h, gamma, beta = brh.window(state, view)
+    grown = state.active_age.sum()
+    heavy = grown > 0 and grown >= 0.2 * (state.active_prompt.sum() + grown)
+    backlog = len(view) >= 2 * replicas and heavy
+    want = (160, 0.98, 16.0 * replicas) if backlog else (80, 0.86, 2.0 * replicas)
+    assert (h, gamma, beta) == want
+    fixed = BRHPolicy(predictor=Oracle(), features=table, safeguard=safeguard, horizon=h,
+                      gamma=gamma, beta=beta, backlog_horizon=None)
+    a, b = brh.assign(state, view), fixed.assign(state, view)
+    validate_assignment(state, view, a)
+    assert a.pool_index.tolist() == b.pool_index.tolist()
+    assert a.replica.tolist() == b.replica.tolist()
+
+
 def _brute_cost(state, view, table, plan, horizon, gamma, w):
     """Σ_h γ^h·(w·G·M(h) − ΣL(h)) request by request: a request runs while its true remaining
     length lasts."""
@@ -232,6 +299,9 @@ def test_parameters_are_validated():
         (dict(s_greedy=-1), "s_greedy"), (dict(deadline_s=0.0), "deadline_s"),
         (dict(safeguard=1.0), "safeguard"), (dict(safeguard=-0.1), "safeguard"),
         (dict(safeguard_weight=0.5), "safeguard_weight"), (dict(safeguard_weight=np.inf), "safeguard_weight"),
+        (dict(backlog_horizon=-1), "backlog_horizon"), (dict(backlog_horizon=2.5), "backlog_horizon"),
+        (dict(backlog_gamma=1.5), "gamma"), (dict(backlog_beta_per_replica=0.0), "backlog_beta"),
+        (dict(backlog_share=1.2), "backlog_share"),
     ]:
         with pytest.raises(ValueError, match=match):
             BRHPolicy(**bad)
