@@ -74,7 +74,7 @@ class BRHPolicy:
     the many departures it sees and is 1.5–3.9× worse, so the short window stays there, and
     below saturation (no backlog) too, and without a predictor (no departure is forecast, so a
     long window sees growth alone: 0.99–1.10× its short one on three training slices;
-    ``papers/quality.md``, "The backlog window"). A predictor trained for one horizon (it
+    ``papers/quality.md``, "BR-H's backlog window"). A predictor trained for one horizon (it
     carries it as ``.horizon``: ``learned``) keeps its window. ``backlog_horizon=None`` turns
     it off.
     Defaults H = 80, γ = 0.86,
