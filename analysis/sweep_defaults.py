@@ -7,7 +7,8 @@ replays are slices outside every simulated (test) half: mooncake-conv rows 3,000
 azure-conv-2023 rows 3,000–9,000 (the matrix simulates rows 1,500–3,000 and the second half of
 the whole trace); the ``safeguard`` part adds generated seeds 13 and 14, the ``backlog`` part
 seed 13 and both generated workloads at 20,000 requests, seed 11. Each slice is split in two:
-the first half fits the predictors, the second is simulated. Every row records the ratio to BF-IO-H0 and to BR-0 with the shipped defaults; the
+the first half fits the predictors, the second is simulated. Every row records the ratio to
+BF-IO-H0 and to BR-0 with the shipped defaults; the
 choice (README, "Defaults") takes the best worst case over the slices, then the best mean (the
 ``safeguard`` part's exception, a judge that never lets the lookahead act, is in
 ``papers/quality.md``).
