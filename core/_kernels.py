@@ -727,7 +727,8 @@ def lpt_batch(loads0, free0, sizes, out_i, out_g, count):  # pragma: no cover - 
         i = order[t]
         best = -1
         for g in range(n_rep):
-            if fr[g] > 0 and (best < 0 or lo[g] < lo[best] or (lo[g] == lo[best] and fr[g] > fr[best])):
+            if fr[g] > 0 and (best < 0 or lo[g] < lo[best]
+                              or (lo[g] == lo[best] and fr[g] > fr[best])):
                 best = g
         lpt_g[t] = best
         lo[best] += sizes[i]
