@@ -280,7 +280,9 @@ def _brute_cost(state, view, table, plan, horizon, gamma, w):
        weight=st.sampled_from([1.0, 2.5, 3.0]))
 def test_the_safeguard_picks_the_plan_the_brute_force_cost_prefers(data, replicas, eps, weight):
     state, view, table = _random_running_tick(data, replicas)
-    kwargs = dict(predictor=Oracle(), features=table, horizon=6, gamma=0.9, safeguard_weight=weight)
+    # the safeguard at one window, H = 6 (the backlog window, off here, has its own tests above)
+    kwargs = dict(predictor=Oracle(), features=table, horizon=6, gamma=0.9, safeguard_weight=weight,
+                  backlog_horizon=None)
     own = BRHPolicy(safeguard=None, **kwargs).assign(state, view)
     base = BR0Policy().assign(state, view)
     got = BRHPolicy(safeguard=eps, **kwargs).assign(state, view)
