@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 WORKLOAD ?= servegen-r1
 REPLICAS ?= 8
 
-.PHONY: reproduce compare test install install-all lint clean bench-venv bench-proxy
+.PHONY: reproduce compare test test-explore install install-all lint clean bench-venv bench-proxy
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,7 +27,7 @@ $(VENV)/.installed-all: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed-base
 install-all: $(VENV)/.installed-all
 
-# Main job: every table and figure next to the paper's, quick mode (305 cells; minutes on a quiet 2-core machine),
+# Main job: every table and figure next to the paper's, quick mode (341 cells; 4-5 minutes on a quiet 2-core machine),
 # written to papers/reproduction/quick/ (REPORT.md, data/*.csv, figures/*.png).
 reproduce: $(VENV)/.installed-all
 	$(BIN)/balanceroute reproduce --quick
@@ -43,6 +43,11 @@ test: $(VENV)/.installed-all
 	else BALANCEROUTE_VLLM_PYTHON="$${BALANCEROUTE_VLLM_PYTHON:-$$(bash .ci/vllm-venv.sh)}" || exit 1; \
 	export BALANCEROUTE_VLLM_PYTHON; fi; \
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# `make test` draws the same Hypothesis examples on every run (tests/conftest.py); this draws fresh
+# ones and keeps failures in .hypothesis/. Run it after changing a default; the vLLM test skips.
+test-explore: $(VENV)/.installed-all
+	$(BIN)/python -m pytest -q -p no:cacheprovider --hypothesis-profile explore
 
 # The proxy benchmark's peer, vllm-router (PyPI, Rust): its own venv in the machine's cache, not a
 # dependency of the package. `make bench-proxy` prints balanceroute vs vllm-router side by side.
