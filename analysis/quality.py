@@ -40,6 +40,7 @@ __all__ = [
     "QUALITY_POLICIES",
     "RULES",
     "declare_quality",
+    "paper_lines",
     "quality_section",
     "rule_violations",
     "run_quality_cell",
@@ -467,6 +468,46 @@ def context_lines(rows: list[dict], *,
     return out
 
 
+_PAPER_ROWS = ("jsq", "bfio-h0", "br0", "brh-survival", "brh-oracle")
+
+
+def paper_lines(rows: list[dict]) -> list[str]:
+    """Next to the paper's Table 1 (G = 8, saturated): per paper dataset, its bundled stand-in
+    (:data:`~.paper.DATASET_WORKLOAD`) at the matrix's largest saturated G = 8 request count —
+    mean imbalance (mean over the seeds) and ÷ br0 (geometric mean over the seeds, range), with
+    the paper's imbalance and ÷ BR-0 beside them (the paper has no BF-IO row)."""
+    from .paper import DATASET_WORKLOAD, TABLE1
+
+    cells = cells_of(rows)
+    out: list[str] = []
+    for dataset, workload in DATASET_WORKLOAD.items():
+        mine = [k for k in cells if k[0] == workload and k[1] == 8 and k[4] == "saturated"]
+        if not mine:
+            continue
+        n = max(k[2] for k in mine)
+        runs = [cells[k] for k in sorted(mine) if k[2] == n and "br0" in cells[k]]
+        theirs = {r["policy"]: float(r["mean_imbalance"]) for r in TABLE1 if r["dataset"] == dataset}
+        if not runs:
+            continue
+        if not out:
+            out = ["| paper dataset → ours | policy | paper imbalance | paper ÷ BR-0 | "
+                   "our imbalance | ours ÷ br0 |", "|---|---|---:|---:|---:|---:|"]
+        where = f"{dataset} → {workload}, n={n:,}, {len(runs)} seed{'s' * (len(runs) > 1)}"
+        for p in _PAPER_ROWS:
+            xs = [float(by[p]["mean_imbalance"]) for by in runs if p in by]
+            if not xs:
+                continue
+            ratios = [float(by[p]["mean_imbalance"]) / float(by["br0"]["mean_imbalance"])
+                      for by in runs if p in by]
+            g = math.exp(float(np.mean(np.log(ratios))))
+            ours = f"{g:.2f}" + (f" ({min(ratios):.2f}–{max(ratios):.2f})" if len(ratios) > 1 else "")
+            paper_i = f"{theirs[p]:,.0f}" if p in theirs else "—"
+            paper_r = f"{theirs[p] / theirs['br0']:.2f}" if p in theirs else "—"
+            out.append(f"| {where} | {p} | {paper_i} | {paper_r} | {float(np.mean(xs)):,.0f} | {ours} |")
+            where = ""
+    return out
+
+
 def quality_section(data: dict[str, list[dict]], figures: dict[str, str]) -> str:
     """The report's section on decision quality and TTFT (empty when nothing ran)."""
     parts: list[str] = []
@@ -477,6 +518,11 @@ def quality_section(data: dict[str, list[dict]], figures: dict[str, str]) -> str
                   "same. Open-loop loads are multiples of the measured saturated capacity (JSQ's "
                   "saturated request rate on the same test half, G and B).\n",
                   *matrix_lines(q), "", "Rules (acceptance of issue 10):\n", *rules_lines(q), ""]
+        side = paper_lines(q)
+        if side:
+            parts += ["Next to the paper's Table 1 (G = 8, saturated; the paper measured 910C NPUs "
+                      "on its own request sets, we simulate the bundled stand-ins, so compare the "
+                      "ratios, not the tokens):\n", *side, ""]
     pareto = data.get("ttft_pareto", [])
     if pareto:
         parts += ["## Time to first token: the `ttft_slo_s` trade-off\n",
@@ -593,6 +639,10 @@ def run_quality(args: argparse.Namespace) -> int:
         print("\n".join(matrix_lines(rows)))
         print()
         print("\n".join(rules_lines(rows, details=1000)))
+        side = paper_lines(rows)
+        if side:
+            print("\nNext to the paper's Table 1 (G = 8, saturated; compare the ratios):")
+            print("\n".join(side))
     else:
         print(quality_section({args.experiment: rows}, {}))
     for cell, text in grid.errors:

@@ -11,6 +11,7 @@ from balanceroute.analysis.quality import (
     floor_lines,
     matrix_lines,
     noise_floors,
+    paper_lines,
     rule_violations,
     run_quality_cell,
     saturated_capacity,
@@ -153,3 +154,22 @@ def test_the_command_prints_the_matrix_the_rules_and_progress(monkeypatch, capsy
     assert "quality: 2/2 cells (100 %)" in err  # the log line of a non-terminal run
     assert main(["quality", "--policies", "jsq", "-q"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_paper_lines_put_the_headline_cells_next_to_table_1():
+    # servegen-r1 stands in for the paper's proprietary set; only its largest G = 8 saturated
+    # request count is shown, ÷ br0 as the geometric mean over the seeds with its range
+    head = dict(workload="servegen-r1", replicas=8, requests=20000, load="saturated")
+    rows = (_rows({**head, "seed": 0}, br0=100.0, jsq=400.0, **{"brh-oracle": 25.0})
+            + _rows({**head, "seed": 1}, br0=200.0, jsq=400.0, **{"brh-oracle": 200.0})
+            + _rows({**head, "requests": 3000, "seed": 0}, br0=1.0, **{"brh-oracle": 9.0})
+            + _rows({**head, "replicas": 16, "seed": 0}, br0=1.0, **{"brh-oracle": 9.0})
+            + _rows({**head, "load": 0.5, "seed": 0}, br0=1.0, **{"brh-oracle": 9.0}))
+    lines = paper_lines(rows)
+    assert len(lines) == 2 + 3  # header, rule, then jsq, br0, brh-oracle (no azure-2024-long rows)
+    jsq, br0, oracle = lines[2:]
+    assert jsq == "| proprietary → servegen-r1, n=20,000, 2 seeds | jsq | 215,110 | 4.14 | 400 | 2.83 (2.00–4.00) |"
+    assert br0 == "|  | br0 | 51,927 | 1.00 | 150 | 1.00 (1.00–1.00) |"
+    # √(0.25 × 1.0) = 0.5; the paper's 23,577 ÷ 51,927 = 0.45
+    assert oracle == "|  | brh-oracle | 23,577 | 0.45 | 112 | 0.50 (0.25–1.00) |"
+    assert paper_lines(_rows({**head, "workload": "mooncake-conv", "seed": 0}, br0=1.0)) == []
