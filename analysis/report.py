@@ -22,7 +22,7 @@ from . import paper, tables, theory
 from .quality import quality_section
 from .sweep import read_csv
 
-__all__ = ["ReportContext", "build_report", "load_experiments"]
+__all__ = ["ReportContext", "build_report", "current_code", "load_experiments", "provenance"]
 
 _B_MS, _A_US = 1e3 * StepModel().b, 1e6 * StepModel().a  # the default step model, as printed
 _DEADLINE_S = BR0Policy().deadline_s
@@ -823,6 +823,35 @@ def _rows_fraction(data: dict[str, list[dict]]) -> str:
     return f"{100 * float(rows[0]['train_fraction']):.0f}%" if rows else "50%"
 
 
+def current_code() -> set[str]:
+    """The code fingerprints a cell run now would carry (:func:`.experiments.code_fingerprint`:
+    ``base``, ``brh``, ``solvers``)."""
+    from .experiments import code_fingerprint
+
+    return {code_fingerprint(part) for part in ("base", "brh", "solvers")}
+
+
+def provenance(data: dict[str, list[dict]], current: set[str]) -> tuple[list[str], list[str]]:
+    """(table lines, stale experiments): per experiment its rows' code fingerprints (the ``code``
+    column) and whether they are today's — a CSV kept from an older run (``--only``, an
+    interrupted run) is named, never silently mixed in. Rows without a fingerprint (the
+    balls-into-bins theory check) depend on no package code."""
+    lines = ["| experiment | rows | code | current |", "|---|---:|---|---|"]
+    stale = []
+    for name, rows in data.items():
+        codes = sorted({str(r.get("code") or "") for r in rows} - {""})
+        if not codes:
+            lines.append(f"| {name} | {len(rows):,} | — | no code dependency |")
+            continue
+        old = [c for c in codes if c not in current]
+        if old:
+            stale.append(name)
+        verdict = "yes" if not old else ("no: older code" if len(old) == len(codes)
+                                         else "partly: some rows from older code")
+        lines.append(f"| {name} | {len(rows):,} | {', '.join(codes)} | {verdict} |")
+    return lines, stale
+
+
 def build_report(out_dir: str | Path, ctx: ReportContext, figures: dict[str, str]) -> str:
     """The Markdown of ``REPORT.md`` for the CSVs under ``<out_dir>/data``; ``figures`` maps
     figure names to paths relative to ``out_dir``."""
@@ -843,6 +872,7 @@ def build_report(out_dir: str | Path, ctx: ReportContext, figures: dict[str, str
         _section_slots(data.get("slots", []), figures),
     ]
     sections = [text for text, _ in parts] + [quality_section(data, figures)]
+    prov, stale = provenance(data, current_code())
     summary_lines = [line for _, lines in parts for line in lines]
     discussion_path = out / "DISCUSSION.md"
     discussion = (discussion_path.read_text().strip() if discussion_path.exists() else
@@ -857,6 +887,10 @@ def build_report(out_dir: str | Path, ctx: ReportContext, figures: dict[str, str
             "> **Quick mode is indicative only**: one seed and small request slices, so no line "
             "below claims agreement with the paper; run `balanceroute reproduce` (full mode, "
             "several seeds) for judged comparisons.\n"]),
+        *([] if not stale else [
+            f"> **Some sections come from older code** ({', '.join(f'`{e}`' for e in stale)}): "
+            "their CSVs were kept from an earlier run; `balanceroute reproduce --only "
+            f"{','.join(stale)}` brings them up to date (\"Provenance\" below).\n"]),
         f"How agreement is judged: {AGREEMENT_RULE}\n",
         "## Summary (generated from the numbers)\n",
         "\n".join(f"- {line}" for line in summary_lines) or "- (no data)",
@@ -868,7 +902,9 @@ def build_report(out_dir: str | Path, ctx: ReportContext, figures: dict[str, str
     ]
     if ctx.errors:
         head.append("## Cells that failed\n\n" + "\n".join(f"- {e}" for e in ctx.errors) + "\n")
-    files = ["## Files\n", "Data (tidy CSV, one row per cell or per instance):\n"]
+    files = ["## Provenance\n", "The code fingerprint of each CSV's rows (a hash of the source "
+             "its cells depend on, also their cache key) against today's code:\n", *prov, "",
+             "## Files\n", "Data (tidy CSV, one row per cell or per instance):\n"]
     files += [f"- `data/{e}.csv`: {len(rows):,} rows" for e, rows in data.items()]
     files += ["", "Figures:\n"] + [f"- `{path}`" for path in figures.values()]
     return "\n".join([*head, *sections, "\n".join(files), ""])

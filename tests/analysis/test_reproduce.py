@@ -76,3 +76,24 @@ def test_report_only_reads_the_csvs(tmp_path):
     assert "Balls into bins" in report and "No `table1` data." in report
     with pytest.raises(ValueError, match="unknown experiment"):
         reproduce(tmp_path, profile=TINY, only=["nope"])
+
+
+def test_report_names_csvs_kept_from_older_code(tmp_path):
+    from balanceroute.analysis.report import current_code, provenance
+    from balanceroute.analysis.sweep import write_csv
+
+    reproduce(tmp_path, profile=TINY, jobs=1, only=["table1", "balls_into_bins"])
+    today = read_csv(tmp_path / "data" / "table1.csv")
+    assert {r["code"] for r in today} <= current_code()
+    old = [{**r, "code": "0123456789ab"} for r in today]
+    lines, stale = provenance({"table1": today, "scaling": old}, current_code())
+    assert stale == ["scaling"]
+    assert lines[2].endswith("| yes |") and lines[3].endswith("| no: older code |")
+
+    write_csv(old[:1] + today[1:], tmp_path / "data" / "table1.csv")  # one row kept from older code
+    reproduce(tmp_path, profile=TINY, report_only=True)
+    report = (tmp_path / "REPORT.md").read_text()
+    assert "**Some sections come from older code** (`table1`)" in report
+    assert "`balanceroute reproduce --only table1`" in report
+    assert "| table1 |" in report and "| partly: some rows from older code |" in report
+    assert "| balls_into_bins |" in report and "| no code dependency |" in report
