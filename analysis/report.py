@@ -889,8 +889,9 @@ def build_report(out_dir: str | Path, ctx: ReportContext, figures: dict[str, str
             "several seeds) for judged comparisons.\n"]),
         *([] if not stale else [
             f"> **Some sections come from older code** ({', '.join(f'`{e}`' for e in stale)}): "
-            "their CSVs were kept from an earlier run; `balanceroute reproduce --only "
-            f"{','.join(stale)}` brings them up to date (\"Provenance\" below).\n"]),
+            "their CSVs were kept from an earlier run; `balanceroute reproduce "
+            f"{'--quick ' if ctx.mode == 'quick' else ''}--only {','.join(stale)}` brings them "
+            "up to date (\"Provenance\" below).\n"]),
         f"How agreement is judged: {AGREEMENT_RULE}\n",
         "## Summary (generated from the numbers)\n",
         "\n".join(f"- {line}" for line in summary_lines) or "- (no data)",
