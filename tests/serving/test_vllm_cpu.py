@@ -142,6 +142,15 @@ def balanceroute_serve(args: list[str], log: Path) -> Iterator[str]:
 
 
 # -------------------------------------------------------------------------- metrics
+def _proxy_counters(url: str) -> dict[str, float]:
+    """The proxy's retry, error, ejection and pool-wait samples (nonzero ones), for messages."""
+    keep = ("balanceroute_retries", "balanceroute_errors", "balanceroute_ejections",
+            "balanceroute_pool_wait_seconds_sum", "balanceroute_pool_wait_seconds_count",
+            "balanceroute_ttft_seconds_sum", "balanceroute_replica_available")
+    return {n + (str(sorted(lab.items())) if lab else ""): v for n, lab, v in scrape(url)
+            if n.startswith(keep) and v}
+
+
 def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
     """Every Prometheus sample of ``url``/metrics as (name, labels, value)."""
     text = httpx.get(url + "/metrics", timeout=10.0).text
@@ -419,16 +428,21 @@ class TestDataParallel:
             async with httpx.AsyncClient(timeout=120) as http, contextlib.AsyncExitStack() as stack:
                 for _ in range(2):
                     charged, before = running(), prompts()
+                    sent = time.monotonic()
                     resp = await stack.enter_async_context(
                         http.stream("POST", dp_server.proxy + "/v1/completions", json=body))
                     assert resp.status_code == 200
+                    head = time.monotonic() - sent
                     lines = resp.aiter_lines()
                     while not (await anext(lines)).startswith("data: {"):
                         pass
+                    first = time.monotonic() - sent
                     now, after = running(), prompts()
                     readers.append(asyncio.ensure_future(drain(lines)))
                     new = [g for g in now if now[g] > charged.get(g, 0)]
-                    assert len(new) == 1, (charged, now)
+                    # what the proxy saw, for a failure's message: its retries, errors and pool waits
+                    assert len(new) == 1, (charged, now, f"head after {head:.1f} s, first event after "
+                                           f"{first:.1f} s", _proxy_counters(dp_server.proxy))
                     placed.append(new[0])
                     grew.append({e: after[e] - before.get(e, 0) for e in after if after[e] != before.get(e, 0)})
                 for task in readers:
