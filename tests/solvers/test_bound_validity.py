@@ -24,7 +24,7 @@ from balanceroute.solvers.bounds import (
     tick_trivial_bound,
 )
 from balanceroute.solvers.bridge import simulate_schedule
-from balanceroute.solvers.migration import migration_bound_dp, partition_envelope
+from balanceroute.solvers.migration import _TooLarge, migration_bound_dp, partition_envelope
 from tests.solvers.brute import enumerate_clairvoyant
 from tests.solvers.extras import needs
 
@@ -155,6 +155,20 @@ def test_migration_dp_on_the_hand_instance() -> None:
                                output_len=[1, 1, 1, 1])
     assert migration_bound_dp(inst) == 5.0
     assert migration_bound_dp(inst, max_states=0) is None  # gives up instead of running on
+    # The work budget: one step partitions 4 loads into 2 parts of 2 — {40, 20} {35, 30}, P* = 65
+    # (I = 2·65 − 125 = 5) — which takes more than one branch-and-bound node but fewer than 100.
+    assert migration_bound_dp(inst, max_nodes=1) is None
+    assert migration_bound_dp(inst, max_nodes=100) == 5.0
+
+
+def test_partition_envelope_spends_its_budget_node_by_node() -> None:
+    budget = [10**6]
+    assert partition_envelope((9, 8, 7, 6, 5, 4), 2, 3, budget=budget) == 20
+    used = 10**6 - budget[0]
+    assert used > 6  # at least one node per load placed
+    with pytest.raises(_TooLarge):
+        partition_envelope((9, 8, 7, 6, 5, 4), 2, 3, budget=[used - 1])
+    assert partition_envelope((9, 8, 7, 6, 5, 4), 2, 3, budget=[used]) == 20
 
 
 @settings(max_examples=20, deadline=None, derandomize=True,
