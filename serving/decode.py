@@ -11,6 +11,7 @@ same request then got its first token elsewhere; the replica that served it is c
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from .upstream import UpstreamError, UpstreamPool
 from .upstream_httpx import HttpxUpstream
 
 __all__ = ["DecodeStage"]
+
+log = logging.getLogger("balanceroute.serving.decode")
 
 
 class _Retryable(Exception):
@@ -62,8 +65,11 @@ class DecodeStage:
                 g = await self.dispatcher.wait_for_slot(ticket, prompt_len if first else None, cfg.kv_lease_s)
             except LeaseExpired as exc:
                 raise ApiError(503, str(exc), kind="lease_expired", code="kv_lease_expired") from None
+            waited = time.monotonic() - pooled_at
             if first:
-                self.metrics.pool_wait.observe(time.monotonic() - pooled_at)
+                self.metrics.pool_wait.observe(waited)
+            log.debug("%s: replica %d after %.3f s in the pool (attempt %d)", ticket.request_id, g,
+                      waited, ticket.decode_attempts + 1)
             first = False
             ticket.decode_attempts += 1
             try:
@@ -132,6 +138,8 @@ class DecodeStage:
                         if not ticket.first_token:
                             ticket.first_token = True
                             self.metrics.ttft.observe(time.monotonic() - ticket.created)
+                        log.debug("%s: first token from replica %d, %.3f s after arrival",
+                                  ticket.request_id, g, time.monotonic() - ticket.created)
                         return stream
         except StreamBroken as exc:
             await stream.aclose()

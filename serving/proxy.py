@@ -184,6 +184,7 @@ class Proxy:
             self.metrics.requests.labels(endpoint, err.kind).inc()
             return error_response(err)
         self.metrics.accepted.labels(endpoint).inc()
+        log.debug("%s: accepted (%s, stream=%s)", request_id, endpoint, creq.stream)
 
         work = asyncio.ensure_future(self._serve(ticket, creq))
         watch = asyncio.ensure_future(_disconnected(request))
@@ -291,7 +292,10 @@ class Proxy:
         await stream.aclose()
 
     def _end(self, ticket: Ticket, outcome: str) -> None:
+        tokens = ticket.age  # finishing releases the ticket's slot and its a_i
         if self.dispatcher.finish(ticket, outcome):
+            log.debug("%s: ended (%s) after %.3f s, %d tokens", ticket.request_id, outcome,
+                      time.monotonic() - ticket.created, tokens)
             self.metrics.requests.labels(ticket.endpoint, outcome).inc()
             if outcome == "client_disconnect":
                 self.metrics.errors.labels("client_disconnect").inc()

@@ -272,6 +272,34 @@ async def test_decode_failure_before_first_token_goes_back_to_the_pool() -> None
         assert_drained(proxy)
 
 
+async def test_debug_log_traces_each_request(caplog: pytest.LogCaptureFixture) -> None:
+    """At debug the proxy logs a request's arrival, every placement (with its pool wait and
+    attempt), its first token and its end, each with the request id."""
+    decode_hosts = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host.startswith("p"):
+            return prefill_reply()
+        decode_hosts.append(request.url.host)
+        if len(decode_hosts) == 1:
+            return httpx.Response(500, json={"error": {"message": "engine dead"}})
+        return httpx.Response(200, content=b"".join(sse_stream(2)))
+
+    with caplog.at_level("DEBUG", logger="balanceroute.serving"):
+        async with mock_proxy(pd_config(), handler) as (client, proxy):
+            resp = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "stream": True})
+            assert resp.status_code == 200 and events(resp.content)[-1] == "[DONE]"
+            assert_drained(proxy)
+    rid = resp.headers["x-request-id"]
+    trace = [r.getMessage().removeprefix(rid + ": ") for r in caplog.records if r.getMessage().startswith(rid)]
+    assert trace[0] == "accepted (completions, stream=True)"
+    assert [m.split(" after ")[0] for m in trace[1:3]] == ["replica 0", "replica 1"]
+    assert trace[1].endswith("(attempt 1)") and trace[2].endswith("(attempt 2)")
+    assert trace[3].startswith("first token from replica 1, ")
+    assert trace[4].startswith("ended (ok) after ") and trace[4].endswith(", 2 tokens")
+    assert len(trace) == 5
+
+
 async def test_decode_break_after_first_token_ends_with_an_error_event() -> None:
     async def handler(request: httpx.Request) -> httpx.Response:
         if request.url.host.startswith("p"):

@@ -190,6 +190,7 @@ class Cluster:
     proxy: str
     upstreams: list[str]
     chat_prompt_tokens: int
+    proxy_log: Path
 
     def generated(self) -> float:
         return sum(metric(scrape(u), "vllm:generation_tokens_total") for u in self.upstreams)
@@ -214,11 +215,12 @@ class Cluster:
         return openai.OpenAI(base_url=self.proxy + "/v1", api_key="unused", max_retries=0, timeout=300)
 
 
-def _cluster(proxy: str, upstreams: list[str]) -> Cluster:
+def _cluster(proxy: str, upstreams: list[str], proxy_log: Path) -> Cluster:
     tok = httpx.post(upstreams[0] + "/tokenize", json={"model": MODEL, "messages": MESSAGES,
                                                         "add_generation_prompt": True}, timeout=30)
     tok.raise_for_status()
-    cluster = Cluster(proxy=proxy, upstreams=upstreams, chat_prompt_tokens=tok.json()["count"])
+    cluster = Cluster(proxy=proxy, upstreams=upstreams, chat_prompt_tokens=tok.json()["count"],
+                      proxy_log=proxy_log)
     assert cluster.chat_prompt_tokens > len(MESSAGES[0]["content"].split())
     return cluster
 
@@ -238,7 +240,7 @@ def two_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     with vllm_servers(tiny_model, logs, [([], _cpu(0)), ([], _cpu(1))]) as urls:
         decode = [a for u in urls for a in ("--decode", u)]
         with balanceroute_serve(decode, logs / "proxy.log") as proxy:
-            yield _cluster(proxy, urls)
+            yield _cluster(proxy, urls, logs / "proxy.log")
 
 
 @pytest.fixture(scope="class")
@@ -248,10 +250,11 @@ def dp_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     # Unbound threads: while any rank has a request, every DP engine steps (lock-step waves), so
     # ranks pinned to both cores would starve the proxy and the test (seconds-long stalls seen).
     with vllm_servers(tiny_model, logs, [(dp, "nobind")]) as urls:
-        # least_load: a second stream goes to the rank the first one does not load.
-        args = ["--decode", urls[0], "--dp-size", "2", "--policy", "least_load"]
+        # least_load: a second stream goes to the rank the first one does not load. At debug
+        # the proxy logs each request's arrival, placement, first token and end, with times.
+        args = ["--decode", urls[0], "--dp-size", "2", "--policy", "least_load", "--log-level", "debug"]
         with balanceroute_serve(args, logs / "proxy.log") as proxy:
-            yield _cluster(proxy, urls)
+            yield _cluster(proxy, urls, logs / "proxy.log")
 
 
 # ---------------------------------------------------------------------- the matrix
@@ -440,9 +443,11 @@ class TestDataParallel:
                     now, after = running(), prompts()
                     readers.append(asyncio.ensure_future(drain(lines)))
                     new = [g for g in now if now[g] > charged.get(g, 0)]
-                    # what the proxy saw, for a failure's message: its retries, errors and pool waits
+                    # what the proxy saw, for a failure's message: its retries, errors, pool waits
+                    # and its log of each request's arrival, placement and first token
                     assert len(new) == 1, (charged, now, f"head after {head:.1f} s, first event after "
-                                           f"{first:.1f} s", _proxy_counters(dp_server.proxy))
+                                           f"{first:.1f} s", _proxy_counters(dp_server.proxy),
+                                           _tail(dp_server.proxy_log))
                     placed.append(new[0])
                     grew.append({e: after[e] - before.get(e, 0) for e in after if after[e] != before.get(e, 0)})
                 for task in readers:
