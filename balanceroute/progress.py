@@ -41,6 +41,8 @@ class Progress:
             from tqdm import tqdm
 
             self._bar = tqdm(total=self.total, desc=desc, unit=unit, file=stream, dynamic_ncols=True)
+        elif not quiet and self.total:
+            self._line()  # a log says at once what started and how much there is to do
 
     def update(self, n: int = 1) -> None:
         """Count ``n`` more units done."""

@@ -153,8 +153,9 @@ def test_progress_without_a_terminal_is_plain_log_lines() -> None:
             bar.update()
     lines = stream.getvalue().splitlines()
     assert "\r" not in stream.getvalue()
-    assert lines[0].startswith("reproduce: 1/4 cells (25 %), ") and lines[0].endswith("[table1 br0 G=8]")
-    assert "left" in lines[0] and lines[-1].startswith("reproduce: 4/4 cells (100 %)")
+    assert lines[0] == "reproduce: 0/4 cells (0 %), 0s elapsed"  # at once
+    assert lines[1].startswith("reproduce: 1/4 cells (25 %), ") and lines[1].endswith("[table1 br0 G=8]")
+    assert "left" in lines[1] and lines[-1].startswith("reproduce: 4/4 cells (100 %)")
 
 
 def test_progress_guesses_no_time_left_before_one_percent() -> None:
@@ -163,7 +164,7 @@ def test_progress_guesses_no_time_left_before_one_percent() -> None:
         bar.update(1)  # e.g. the first request after a predictor fit: no rate to speak of yet
         bar.update(118)
         bar.update(1)
-    first, second, third = stream.getvalue().splitlines()[:3]
+    first, second, third = stream.getvalue().splitlines()[1:4]
     assert "left" not in first and "left" not in second and "left" in third
 
 
