@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
@@ -244,8 +245,10 @@ async def test_prefill_errors_map_to_502_or_are_relayed() -> None:
         assert_drained(proxy)
 
 
-async def test_decode_failure_before_first_token_goes_back_to_the_pool() -> None:
-    decode_hosts = []
+def first_decode_fails() -> tuple[Callable[[httpx.Request], Awaitable[httpx.Response]], list[str]]:
+    """A mock upstream whose first decode answer is a 500 and whose next ones stream two
+    tokens, and the list of decode hosts it was asked, in order."""
+    decode_hosts: list[str] = []
 
     async def handler(request: httpx.Request) -> httpx.Response:
         if request.url.host.startswith("p"):
@@ -254,6 +257,12 @@ async def test_decode_failure_before_first_token_goes_back_to_the_pool() -> None
         if len(decode_hosts) == 1:
             return httpx.Response(500, json={"error": {"message": "engine dead"}})
         return httpx.Response(200, content=b"".join(sse_stream(2)))
+
+    return handler, decode_hosts
+
+
+async def test_decode_failure_before_first_token_goes_back_to_the_pool() -> None:
+    handler, decode_hosts = first_decode_fails()
 
     async with mock_proxy(pd_config(), handler) as (client, proxy):
         resp = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "stream": True})
@@ -275,15 +284,7 @@ async def test_decode_failure_before_first_token_goes_back_to_the_pool() -> None
 async def test_debug_log_traces_each_request(caplog: pytest.LogCaptureFixture) -> None:
     """At debug the proxy logs a request's arrival, every placement (with its pool wait and
     attempt), its first token and its end, each with the request id."""
-    decode_hosts = []
-
-    async def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.host.startswith("p"):
-            return prefill_reply()
-        decode_hosts.append(request.url.host)
-        if len(decode_hosts) == 1:
-            return httpx.Response(500, json={"error": {"message": "engine dead"}})
-        return httpx.Response(200, content=b"".join(sse_stream(2)))
+    handler, decode_hosts = first_decode_fails()
 
     with caplog.at_level("DEBUG", logger="balanceroute.serving"):
         async with mock_proxy(pd_config(), handler) as (client, proxy):
