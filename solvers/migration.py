@@ -29,7 +29,7 @@ import numpy as np
 
 from .instances import ClairvoyantInstance
 
-__all__ = ["MAX_NODES", "METHOD", "PARTIAL_METHOD", "dp_fits", "migration_bound_dp", "partial_binding_dp",
+__all__ = ["MAX_NODES", "MAX_STEPS", "METHOD", "PARTIAL_METHOD", "dp_fits", "migration_bound_dp", "partial_binding_dp",
            "partial_binding_at_schedule", "partition_envelope"]
 
 #: How ``gap`` names this bound.
@@ -41,6 +41,9 @@ PARTIAL_METHOD = "partial binding, {k} largest bound for life (exact DP)"
 #: horizon needs millions of states; without this budget it ran for over ten minutes before the
 #: state limit stopped it.
 MAX_NODES = 5_000_000
+#: Longest horizon (decode steps) the DP takes on: it recurses once per decode step, and a
+#: 605-step episode ran past Python's default recursion limit (1,000 frames).
+MAX_STEPS = 400
 
 
 class _TooLarge(Exception):
@@ -126,7 +129,8 @@ def migration_bound_dp(instance: ClairvoyantInstance, *, bound: Iterable[int] = 
                        max_states: int = 200_000, max_nodes: int = MAX_NODES) -> float | None:
     """The migration relaxation's exact value (decode-step resolution), or ``None`` when the
     search would visit more than ``max_states`` states or its per-step partitions more than
-    ``max_nodes`` branch-and-bound nodes (:data:`MAX_NODES`). ``bound``: requests kept bound to one
+    ``max_nodes`` branch-and-bound nodes (:data:`MAX_NODES`), or the horizon is longer than
+    :data:`MAX_STEPS` decode steps (or the recursion still runs too deep). ``bound``: requests kept bound to one
     replica for life (the partial-binding relaxation, :func:`partial_binding_dp`); every other
     active request is re-partitioned at every step."""
     inst = instance
@@ -135,6 +139,8 @@ def migration_bound_dp(instance: ClairvoyantInstance, *, bound: Iterable[int] = 
     s, o, r = (tuple(int(v) for v in a) for a in (inst.prompt_len, inst.output_len, inst.release))
     tied = frozenset(int(i) for i in bound)
     horizon = dataclasses.replace(inst, step=1).model_horizon  # decode steps, as the models
+    if horizon > MAX_STEPS:
+        return None
     env_cache: dict[tuple, int] = {}
     budget = [max_nodes]
 
@@ -187,7 +193,7 @@ def migration_bound_dp(instance: ClairvoyantInstance, *, bound: Iterable[int] = 
 
     try:
         return future(0, frozenset(), frozenset(range(n)))
-    except _TooLarge:
+    except (_TooLarge, RecursionError):
         return None
     finally:
         future.cache_clear()

@@ -161,6 +161,20 @@ def test_migration_dp_on_the_hand_instance() -> None:
     assert migration_bound_dp(inst, max_nodes=100) == 5.0
 
 
+def test_migration_dp_gives_up_past_its_longest_horizon() -> None:
+    """A horizon of MAX_STEPS + 1 decode steps: the DP's recursion (a level per step) would be
+    that deep, so it gives up at once; at MAX_STEPS it answers (one request of loads 3, 4 on
+    G = 2: Σ_k (G − 1)·L_k = 7)."""
+    from balanceroute.solvers.migration import MAX_STEPS
+
+    def one(horizon: int) -> ClairvoyantInstance:
+        return ClairvoyantInstance(num_replicas=2, slots=1, prompt_len=[3], output_len=[2], horizon=horizon)
+
+    assert [one(h).model_horizon for h in (MAX_STEPS + 1, MAX_STEPS)] == [MAX_STEPS + 1, MAX_STEPS]
+    assert migration_bound_dp(one(MAX_STEPS + 1)) is None
+    assert migration_bound_dp(one(MAX_STEPS)) == 7.0
+
+
 def test_partition_envelope_spends_its_budget_node_by_node() -> None:
     budget = [10**6]
     assert partition_envelope((9, 8, 7, 6, 5, 4), 2, 3, budget=budget) == 20
