@@ -97,3 +97,25 @@ def test_report_names_csvs_kept_from_older_code(tmp_path):
     assert "`balanceroute reproduce --only table1`" in report
     assert "| table1 |" in report and "| partly: some rows from older code |" in report
     assert "| balls_into_bins |" in report and "| no code dependency |" in report
+
+
+def test_clairvoyant_section_states_where_a_bound_is_proven():
+    """Two episodes, one with a proven lower bound of 100: BR-0's Σ I(k) of 300 there is 3×
+    it, and the other episode (bound 0, nothing proven) is counted but not averaged."""
+    from balanceroute.analysis.report import ReportContext, _section_optimality
+
+    def row(instance: str, policy: str, heuristic: float, bound: float) -> dict:
+        return {"instance": instance, "policy": policy, "heuristic": heuristic, "bound": bound,
+                "rel_gap": heuristic / 200 - 1, "reference": "best schedule found", "step": 8,
+                "requests": 16, "replicas": 4, "slots": 3}
+
+    rows = [row("a", "br0", 300.0, 100.0), row("a", "jsq", 500.0, 100.0),
+            row("b", "br0", 400.0, 0.0), row("b", "jsq", 450.0, 0.0)]
+    ctx = ReportContext(mode="full", command="balanceroute reproduce", profile=experiments.FULL,
+                        requested_policies=[], available_policies=[], solver_message="",
+                        solvers_available=True)
+    text, summary = _section_optimality({"clairvoyant_gap": rows}, ctx, {})
+    assert "exists for 1 of 2 episodes, where BR-0's Σ I(k) is on average 3.00× it." in text
+    assert "then improved by local search" in text
+    assert summary == ["Clairvoyant multi-step gap (Σ_k I(k), 2 small episodes): BR-0 mean 75.0%, "
+                       "worst 100.0% above the best clairvoyant schedule found."]
