@@ -127,7 +127,8 @@ class Profile:
 
 
 FULL = Profile(name="full")
-"""The committed reproduction (≈ 20 min on 2 cores with ``--jobs 2``)."""
+"""The committed reproduction (≈ 1 h on 2 cores with ``--jobs 2``: 20 min for all but the three
+optimality-gap experiments, 38 min for those)."""
 
 QUICK = Profile(
     name="quick", table1_requests=6_000, table1_replay_requests=6_000, seeds=(0,),
