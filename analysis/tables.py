@@ -10,7 +10,7 @@ for every policy and dilutes the differences.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -89,7 +89,7 @@ _SUMMARY_METRICS = (
 def policy_summary(rows: Sequence[dict], by: Sequence[str]) -> list[dict]:
     """Mean and sd over seeds of each metric, per ``by`` + policy (gains added per seed
     first, within ``by`` + seed). Keys: ``<metric>`` (mean), ``<metric>_sd``, ``seeds``;
-    ``best_baseline`` is the most frequent one."""
+    ``best_baseline`` is the most frequent one (ties: the one of the lowest seed)."""
     gained = add_gains(rows, by=(*by, "seed"))
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in gained:
@@ -101,7 +101,9 @@ def policy_summary(rows: Sequence[dict], by: Sequence[str]) -> list[dict]:
             mean, sd, _ = mean_sd(r.get(m) for r in members)
             rec[m], rec[f"{m}_sd"] = mean, sd
         names = [r["best_baseline"] for r in members if r.get("best_baseline")]
-        rec["best_baseline"] = max(set(names), key=names.count) if names else None
+        # the most frequent; a tie goes to the one met first (the lowest seed), not to a set's
+        # order, which changes with the interpreter's string hashing from run to run
+        rec["best_baseline"] = Counter(names).most_common(1)[0][0] if names else None
         rec["seeds"] = len(members)
         out.append(rec)
     return out

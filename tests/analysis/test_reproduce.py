@@ -119,3 +119,22 @@ def test_clairvoyant_section_states_where_a_bound_is_proven():
     assert "then improved by local search" in text
     assert summary == ["Clairvoyant multi-step gap (Σ_k I(k), 2 small episodes): BR-0 mean 75.0%, "
                        "worst 100.0% above the best clairvoyant schedule found."]
+
+
+def test_best_baseline_tie_goes_to_the_lowest_seed():
+    """Two seeds, each with its own best baseline: the summary names the first seed's, in either
+    order of the names (a set's order would give one answer for both)."""
+    from balanceroute.analysis.tables import policy_summary
+
+    def rows(first: str, second: str) -> list[dict]:
+        out = []
+        for seed, best in ((0, first), (1, second)):
+            for policy in ("jsq", "least_load", "round_robin", "br0"):
+                tput = 110.0 if policy == best else 120.0 if policy == "br0" else 100.0
+                out.append({"workload": "w", "policy": policy, "seed": seed,
+                            "throughput_loaded_tok_s": tput, "mean_imbalance": 10.0})
+        return out
+
+    for first, second in (("least_load", "round_robin"), ("round_robin", "least_load")):
+        summary = policy_summary(rows(first, second), by=("workload",))
+        assert {r["best_baseline"] for r in summary} == {first}
