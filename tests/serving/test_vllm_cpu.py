@@ -143,12 +143,13 @@ def balanceroute_serve(args: list[str], log: Path) -> Iterator[str]:
 
 # -------------------------------------------------------------------------- metrics
 def _proxy_counters(url: str) -> dict[str, float]:
-    """The proxy's retry, error, ejection and pool-wait samples (nonzero ones), for messages."""
+    """The proxy's retry, error, ejection and pool-wait samples (nonzero ones) and every
+    replica's availability (a 0 there is the news), for messages."""
     keep = ("balanceroute_retries", "balanceroute_errors", "balanceroute_ejections",
             "balanceroute_pool_wait_seconds_sum", "balanceroute_pool_wait_seconds_count",
-            "balanceroute_ttft_seconds_sum", "balanceroute_replica_available")
+            "balanceroute_ttft_seconds_sum")
     return {n + (str(sorted(lab.items())) if lab else ""): v for n, lab, v in scrape(url)
-            if n.startswith(keep) and v}
+            if (n.startswith(keep) and v) or n == "balanceroute_replica_available"}
 
 
 def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
