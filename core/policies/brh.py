@@ -68,7 +68,7 @@ class BRHPolicy:
     fill tick's batch rule) on decode-heavy traffic — the running requests' decode growth is at
     least ``backlog_share`` of their KV load, Σ a_i / Σ (s_i + a_i) — looks ``backlog_horizon``
     steps ahead with γ = ``backlog_gamma`` and β = ``backlog_beta_per_replica``·G (the safeguard
-    judges on that window). Why: with a backlog the tick chooses *which* requests start, and on
+    judges on that window, unless ``backlog_safeguard`` says it stands aside there). Why: with a backlog the tick chooses *which* requests start, and on
     decode-heavy traffic the loads are shaped by growth and departures far beyond the short
     window; on prefill-heavy traffic (growth a small share of the load) a long window misjudges
     the many departures it sees (1.4–3.9× br0 in 7 of 8 training runs), so the short window
@@ -77,6 +77,15 @@ class BRHPolicy:
     ``papers/quality.md``, "BR-H's backlog window"). A predictor trained for one horizon (it
     carries it as ``.horizon``: ``learned``) keeps its window. ``backlog_horizon=None`` turns
     it off.
+    ``backlog_safeguard``: whether the safeguard also judges the backlog window's ticks —
+    ``None`` (default): yes, unless the predictor is clairvoyant (it says so with a true
+    ``clairvoyant`` attribute: the :class:`~balanceroute.core.predictors.oracle.Oracle`). The
+    safeguard guards the lookahead against its forecast's errors, and a clairvoyant forecast of
+    the running requests' departures has none; on the 20,000-request training draws the long window
+    unguarded takes the oracle from 0.55–0.70× br0 to 0.23–0.39× on azure-2024-long and from
+    0.77–1.07× to 0.64–1.03× on servegen-r1, while a learned forecast unguarded there loses to
+    br0 by up to 1.46× (``papers/quality.md``, "The clairvoyant backlog window"). ``True`` /
+    ``False`` force it either way.
     Defaults H = 80, γ = 0.86,
     β = 2·G come from a training-only multi-workload sweep (README, "Defaults"); with
     ``horizon=0, alpha=1``, BR-0's β (``beta_per_replica``·G) and ``backlog_horizon=None`` the
@@ -106,6 +115,7 @@ class BRHPolicy:
     backlog_gamma: float = 0.98
     backlog_beta_per_replica: float = 16.0
     backlog_share: float = 0.2
+    backlog_safeguard: bool | None = None
     name: str = "brh"
     tick_fn: Callable[..., Assignment] = field(default=two_stage_assign, repr=False)
     _base: BR0Policy = field(init=False, repr=False, compare=False)
@@ -138,6 +148,8 @@ class BRHPolicy:
                 raise ValueError(f"{self.backlog_beta_per_replica=} must be a finite number > 0")
             if not 0.0 <= self.backlog_share <= 1.0:
                 raise ValueError(f"{self.backlog_share=} must be in [0, 1]")
+        if self.backlog_safeguard not in (None, True, False):
+            raise ValueError(f"{self.backlog_safeguard=} must be True, False or None (auto)")
         self._base = BR0Policy(s_greedy=self.s_greedy, r_max=self.r_max, deadline_s=self.deadline_s,
                                stage1=self.stage1, growth_steps=self.growth_steps,
                                ttft_slo_s=self.ttft_slo_s, lpt_batches=self.lpt_batches,
@@ -151,19 +163,29 @@ class BRHPolicy:
         """A copy whose request ids are rows of ``workload`` (the simulator's ids)."""
         return replace(self, features=RequestFeatures.from_workload(workload))
 
+    def in_backlog(self, state: ClusterState, pool: PoolView) -> bool:
+        """Whether this tick looks through the backlog window: a decode-heavy backlog (class
+        docstring) and a predictor that answers any H."""
+        if (self.backlog_horizon is None or self.predictor is None
+                or getattr(self.predictor, "horizon", None) is not None  # trained for one H
+                or len(pool) < BACKLOG_PER_REPLICA * state.num_replicas):
+            return False
+        grown = float(state.active_age.sum())
+        return grown > 0 and grown >= self.backlog_share * float(state.active_prompt.sum() + grown)
+
     def window(self, state: ClusterState, pool: PoolView) -> tuple[int, float, float]:
         """(H, γ, β) of this tick: the backlog window on a decode-heavy backlog, else the
         policy's own (class docstring)."""
-        g_count = state.num_replicas
-        if (self.backlog_horizon is not None and self.predictor is not None
-                and getattr(self.predictor, "horizon", None) is None  # answers any H
-                and len(pool) >= BACKLOG_PER_REPLICA * g_count):
-            grown = float(state.active_age.sum())
-            if grown > 0 and grown >= self.backlog_share * float(
-                    state.active_prompt.sum() + grown):
-                return (int(self.backlog_horizon), float(self.backlog_gamma),
-                        float(self.backlog_beta_per_replica) * g_count)
-        return int(self.horizon), float(self.gamma), self.beta_for(g_count)
+        if self.in_backlog(state, pool):
+            return (int(self.backlog_horizon), float(self.backlog_gamma),
+                    float(self.backlog_beta_per_replica) * state.num_replicas)
+        return int(self.horizon), float(self.gamma), self.beta_for(state.num_replicas)
+
+    def guards_backlog(self) -> bool:
+        """Whether the safeguard judges the backlog window's ticks (``backlog_safeguard``)."""
+        if self.backlog_safeguard is not None:
+            return bool(self.backlog_safeguard)
+        return not getattr(self.predictor, "clairvoyant", False)
 
     def forecast(self, state: ClusterState, pool: PoolView,
                  horizon: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -215,7 +237,7 @@ class BRHPolicy:
             fill_order=self.fill_order,
             lpt_batches=self.lpt_batches,
         )
-        if self.safeguard is None:
+        if self.safeguard is None or (not self.guards_backlog() and self.in_backlog(state, pool)):
             return own
         base = self._base.assign(state, pool)
         if np.array_equal(own.pool_index, base.pool_index) and np.array_equal(own.replica, base.replica):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -19,6 +20,9 @@ class Oracle:
     ``features.output_len``: a perfect forecast of the window."""
 
     name: str = "oracle"
+    clairvoyant: ClassVar[bool] = True
+    """Its forecasts are the truth: BR-H's backlog window then acts without the safeguard
+    (:class:`~balanceroute.core.policies.brh.BRHPolicy`, ``backlog_safeguard``)."""
 
     @classmethod
     def fit(cls, train: Workload, *, horizon: int = 80, seed: int = 0) -> Oracle:

@@ -252,12 +252,47 @@ def test_the_backlog_window_decides_as_that_window_does(data, replicas, safeguar
     backlog = len(view) >= 2 * replicas and heavy
     want = (160, 0.98, 16.0 * replicas) if backlog else (80, 0.86, 2.0 * replicas)
     assert (h, gamma, beta) == want
-    fixed = BRHPolicy(predictor=Oracle(), features=table, safeguard=safeguard, horizon=h,
-                      gamma=gamma, beta=beta, backlog_horizon=None)
+    # the Oracle is clairvoyant: on the backlog window's ticks its safeguard stands aside
+    fixed = BRHPolicy(predictor=Oracle(), features=table, safeguard=None if backlog else safeguard,
+                      horizon=h, gamma=gamma, beta=beta, backlog_horizon=None)
     a, b = brh.assign(state, view), fixed.assign(state, view)
     validate_assignment(state, view, a)
     assert a.pool_index.tolist() == b.pool_index.tolist()
     assert a.replica.tolist() == b.replica.tolist()
+
+
+def test_a_clairvoyant_forecast_places_the_backlog_windows_own_plan():
+    # G = 2, B = 2: replica 0 runs two requests (full), replica 1 one (s = 62, age 54); four
+    # 100-200-token prompts pooled (2·G: a backlog), decode growth 182 / 400 ≥ 0.2: the long window
+    state = ClusterState(
+        loads=np.array([284, 116]), free_slots=np.array([0, 1]), num_active=np.array([2, 1]),
+        active_replica=np.array([0, 0, 1]), active_prompt=np.array([102, 54, 62]),
+        active_age=np.array([60, 68, 54]), active_ids=np.arange(3),
+    )
+    view = PoolView(prompt_len=np.array([182, 101, 121, 194]), wait=np.zeros(4),
+                    request_ids=np.arange(3, 7))
+    table = RequestFeatures(prompt_len=np.array([102, 54, 62, 182, 101, 121, 194]),
+                            output_len=np.array([95, 230, 184, 219, 190, 163, 168]))
+    auto = BRHPolicy(predictor=Oracle(), features=table)
+    assert auto.in_backlog(state, view) and not auto.guards_backlog()
+    own = BRHPolicy(predictor=Oracle(), features=table, safeguard=None).assign(state, view)
+    base = BR0Policy().assign(state, view)
+    assert (own.pool_index.tolist(), own.replica.tolist()) == ([1], [1])  # the 101-token prompt
+    assert (base.pool_index.tolist(), base.replica.tolist()) == ([2], [1])  # BR-0: the 121 one
+    got = auto.assign(state, view)
+    assert (got.pool_index.tolist(), got.replica.tolist()) == ([1], [1])
+    # forced on, the safeguard judges this tick and keeps BR-0's plan; a forecast that is not
+    # clairvoyant (pure noise) is judged by default
+    forced = BRHPolicy(predictor=Oracle(), features=table, backlog_safeguard=True)
+    assert forced.guards_backlog()
+    got = forced.assign(state, view)
+    assert (got.pool_index.tolist(), got.replica.tolist()) == ([2], [1])
+    assert BRHPolicy(predictor=NoisePredictor()).guards_backlog()
+    assert not BRHPolicy(predictor=NoisePredictor(),
+                         backlog_safeguard=False).guards_backlog()
+    # off the backlog window (2 pooled < 2·G) the safeguard judges the Oracle's ticks as before
+    short = PoolView(prompt_len=view.prompt_len[:2], wait=np.zeros(2), request_ids=view.request_ids[:2])
+    assert not auto.in_backlog(state, short)
 
 
 def _brute_cost(state, view, table, plan, horizon, gamma, w):
@@ -304,6 +339,7 @@ def test_parameters_are_validated():
         (dict(backlog_horizon=-1), "backlog_horizon"), (dict(backlog_horizon=2.5), "backlog_horizon"),
         (dict(backlog_gamma=1.5), "gamma"), (dict(backlog_beta_per_replica=0.0), "backlog_beta"),
         (dict(backlog_share=1.2), "backlog_share"),
+        (dict(backlog_safeguard="yes"), "backlog_safeguard"),
     ]:
         with pytest.raises(ValueError, match=match):
             BRHPolicy(**bad)
