@@ -1,12 +1,13 @@
 """The multi-workload sweep behind the shipped BR-0 / BR-H defaults, on training data only.
 
-``python -m balanceroute.analysis.sweep_defaults [br0|brh|fill|brhfill|safeguard|lpt|backlog] [--out CSV]`` runs it (nice it: it is a
+``python -m balanceroute.analysis.sweep_defaults [br0|brh|fill|brhfill|safeguard|lpt|backlog|clairvoyant] [--out CSV]`` runs it (nice it: it is a
 few minutes of one core per part). The data never overlap what the quality matrix or Table 1
 *simulate*: the generated workloads are drawn at seeds 11 and 12 (the matrix uses 0–4), and the
 replays are slices outside every simulated (test) half: mooncake-conv rows 3,000–6,000 and
 azure-conv-2023 rows 3,000–9,000 (the matrix simulates rows 1,500–3,000 and the second half of
 the whole trace); the ``safeguard`` part adds generated seeds 13 and 14, the ``backlog`` part
-seed 13 and both generated workloads at 20,000 requests, seed 11. Each slice is split in two:
+seed 13 and both generated workloads at 20,000 requests, seed 11; the ``clairvoyant`` part seeds
+11-15 and both generated workloads at 20,000 requests, seeds 11-14. Each slice is split in two:
 the first half fits the predictors, the second is simulated. Every row records the ratio to
 BF-IO-H0 and to BR-0 with the shipped defaults; the
 choice (README, "Defaults") takes the best worst case over the slices, then the best mean (the
@@ -63,6 +64,9 @@ def _grid(part: str) -> list[tuple[str, dict]]:
         return [(name, dict(backlog_horizon=None)) for name in ("brh-survival", "brh-oracle")] + [
             (name, dict(backlog_share=x)) for name in ("brh-survival", "brh-oracle")
             for x in (0.1, 0.2, 0.3)]
+    if part == "clairvoyant":  # the backlog window's safeguard: on, or standing aside
+        return [(name, dict(backlog_safeguard=b)) for name in ("brh-survival", "brh-oracle")
+                for b in (True, False)]
     if part == "lpt":  # small batches placed whole: checked against LPT (shipped) or not
         return [(name, dict(lpt_batches=b)) for name in ("br0", "brh-survival", "brh-oracle")
                 for b in (False, True)]
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("part", choices=("br0", "brh", "fill", "brhfill", "safeguard", "lpt",
-                                     "backlog"))
+                                     "backlog", "clairvoyant"))
     ap.add_argument("--out", default="-")
     args = ap.parse_args(argv)
     out = sys.stdout if args.out == "-" else open(args.out, "w", newline="")  # noqa: SIM115
@@ -114,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                      "least_load_imbalance", "jsq_ttft_s_p99", "throughput_loaded_tok_s"])
     # BR-0's ticks are judged below saturation too (open loop at 0.5 and 1.0 of JSQ's
     # saturated request rate); BR-H saturated only
-    loads = ("saturated",) if args.part in ("brh", "brhfill", "safeguard") else ("saturated", 0.5, 1.0)
+    loads = (("saturated",) if args.part in ("brh", "brhfill", "safeguard", "clairvoyant")
+             else ("saturated", 0.5, 1.0))
     if args.part == "lpt":
         loads = ("saturated", 0.5, 0.8, 1.0, 1.2)
     if args.part == "safeguard":
@@ -127,6 +132,13 @@ def main(argv: list[str] | None = None) -> int:
         grid = _grid(args.part)
         slices = [(f"{label} G={g}", g, train, test)
                   for label, train, test in training_slices() for g in (G, 2 * G)]
+    elif args.part == "clairvoyant":  # 3,000-request slices at seeds 11-15, four 20,000 draws
+        grid = _grid(args.part)
+        labelled = list(training_slices((11, 12, 13, 14, 15)))
+        labelled += [item for seed in (11, 12, 13, 14)
+                     for item in training_slices((seed,), long=True) if "n=20000" in item[0]]
+        slices = [(f"{label} G={g}", g, train, test) for label, train, test in labelled
+                  for g in (G, 2 * G)]
     elif args.part == "backlog":  # the short slices at seeds 11-13 and two 20,000-request draws
         grid = _grid(args.part)
         slices = [(f"{label} G={g}", g, train, test)
