@@ -68,12 +68,13 @@ class BRHPolicy:
     fill tick's batch rule) on decode-heavy traffic — the running requests' decode growth is at
     least ``backlog_share`` of their KV load, Σ a_i / Σ (s_i + a_i) — looks ``backlog_horizon``
     steps ahead with γ = ``backlog_gamma`` and β = ``backlog_beta_per_replica``·G (the safeguard
-    judges on that window, unless ``backlog_safeguard`` says it stands aside there). Why: with a backlog the tick chooses *which* requests start, and on
-    decode-heavy traffic the loads are shaped by growth and departures far beyond the short
-    window; on prefill-heavy traffic (growth a small share of the load) a long window misjudges
-    the many departures it sees (1.4–3.9× br0 in 7 of 8 training runs), so the short window
-    stays there, and below saturation (no backlog) too, and without a predictor (no departure is forecast, so a
-    long window sees growth alone: 0.99–1.10× its short one on three training slices;
+    judges on that window, unless ``backlog_safeguard`` says it stands aside there). Why: with a
+    backlog the tick chooses *which* requests start, and on decode-heavy traffic the loads are
+    shaped by growth and departures far beyond the short window; on prefill-heavy traffic
+    (growth a small share of the load) a long window misjudges the many departures it sees
+    (1.4–3.9× br0 in 7 of 8 training runs), so the short window stays there, and below
+    saturation (no backlog) too, and without a predictor (no departure is forecast, so a long
+    window sees growth alone: 0.99–1.10× its short one on three training slices;
     ``papers/quality.md``, "BR-H's backlog window"). A predictor trained for one horizon (it
     carries it as ``.horizon``: ``learned``) keeps its window. ``backlog_horizon=None`` turns
     it off.
@@ -81,11 +82,11 @@ class BRHPolicy:
     ``None`` (default): yes, unless the predictor is clairvoyant (it says so with a true
     ``clairvoyant`` attribute: the :class:`~balanceroute.core.predictors.oracle.Oracle`). The
     safeguard guards the lookahead against its forecast's errors, and a clairvoyant forecast of
-    the running requests' departures has none; on the 20,000-request training draws the long window
-    unguarded takes the oracle from 0.55–0.70× br0 to 0.23–0.39× on azure-2024-long and from
-    0.77–1.07× to 0.64–1.03× on servegen-r1, while a learned forecast unguarded there loses to
-    br0 by up to 1.46× (``papers/quality.md``, "The clairvoyant backlog window"). ``True`` /
-    ``False`` force it either way.
+    the running requests' departures has none: on the 20,000-request training draws the long
+    window unguarded takes the oracle from 0.55–0.70× br0 to 0.23–0.39× on azure-2024-long and
+    from 0.77–1.07× to 0.64–1.03× on servegen-r1, while the survival forecast unguarded reaches
+    1.46× br0 on the 3,000-request ones (``papers/quality.md``, "The clairvoyant backlog
+    window"). ``True`` / ``False`` force it either way.
     Defaults H = 80, γ = 0.86,
     β = 2·G come from a training-only multi-workload sweep (README, "Defaults"); with
     ``horizon=0, alpha=1``, BR-0's β (``beta_per_replica``·G) and ``backlog_horizon=None`` the
