@@ -6,7 +6,7 @@ writes ``OUT_DIR/{config.json, generation_config.json, tokenizer.json, tokenizer
 special_tokens_map.json}``:
 
 * a hand-written ``LlamaForCausalLM`` config — 2 layers, hidden 128, 2 heads of ``head_dim`` 64
-  (head_dim 16 crashes vLLM's CPU attention backend on the first request), context 8192, the
+  (head_dim 16 crashes vLLM's CPU attention backend on the first request), context 65,536, the
   vocabulary of the tokenizer (≤ 512), float32 (in bfloat16 on a CPU with AMX, vLLM picks its AMX
   attention kernels and a DP engine's worker died of SIGILL on its first request). There are no
   weights: the server runs with ``--load-format dummy`` (random weights, so the text is noise;
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 VOCAB_SIZE = 512
-MAX_POSITIONS = 8192
+MAX_POSITIONS = 65536
 BOS, EOS = "<s>", "</s>"
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
