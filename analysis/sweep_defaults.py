@@ -1,15 +1,16 @@
 """The multi-workload sweep behind the shipped BR-0 / BR-H defaults, on training data only.
 
-``python -m balanceroute.analysis.sweep_defaults [br0|brh|fill|brhfill|safeguard|lpt|backlog|clairvoyant] [--out CSV]`` runs it (nice it: it is a
-few minutes of one core per part). The data never overlap what the quality matrix or Table 1
-*simulate*: the generated workloads are drawn at seeds 11 and 12 (the matrix uses 0–4), and the
-replays are slices outside every simulated (test) half: mooncake-conv rows 3,000–6,000 and
-azure-conv-2023 rows 3,000–9,000 (the matrix simulates rows 1,500–3,000 and the second half of
-the whole trace); the ``safeguard`` part adds generated seeds 13 and 14, the ``backlog`` part
-seed 13 and both generated workloads at 20,000 requests, seed 11; the ``clairvoyant`` part seeds
-11-15 and both generated workloads at 20,000 requests, seeds 11-14. Each slice is split in two:
-the first half fits the predictors, the second is simulated. Every row records the ratio to
-BF-IO-H0 and to BR-0 with the shipped defaults; the
+``python -m balanceroute.analysis.sweep_defaults PART [--out CSV]`` runs one part (br0, brh, fill,
+brhfill, safeguard, lpt, backlog, clairvoyant, settle; nice it: it is a few minutes of one core
+per part). The data never overlap what the quality matrix or Table 1 *simulate*: the generated
+workloads are drawn at seeds 11 and 12 (the matrix uses 0–4), and the replays are slices outside
+every simulated (test) half: mooncake-conv rows 3,000–6,000 and azure-conv-2023 rows 3,000–9,000
+(the matrix simulates rows 1,500–3,000 and the second half of the whole trace); the
+``safeguard`` part adds generated seeds 13 and 14, the ``backlog`` part seed 13 and both
+generated workloads at 20,000 requests, seed 11; the ``clairvoyant`` part seeds 11-15 and both
+generated workloads at 20,000 requests, seeds 11-14 (the ``settle`` part the generated workloads
+of those). Each slice is split in two: the first half fits the predictors, the second is
+simulated. Every row records the ratio to BF-IO-H0 and to BR-0 with the shipped defaults; the
 choice (README, "Defaults") takes the best worst case over the slices, then the best mean (the
 ``safeguard`` part's exception, a judge that never lets the lookahead act, is in
 ``papers/quality.md``).
@@ -67,6 +68,9 @@ def _grid(part: str) -> list[tuple[str, dict]]:
     if part == "clairvoyant":  # the backlog window's safeguard: on, or standing aside
         return [(name, dict(backlog_safeguard=b)) for name in ("brh-survival", "brh-oracle")
                 for b in (True, False)]
+    if part == "settle":  # how long a backlog lasts before a sharp forecast acts unguarded
+        return [("brh-survival", dict(backlog_settle_s=t))
+                for t in (None, 15.0, 30.0, 45.0, 60.0, 90.0, 120.0)]
     if part == "lpt":  # small batches placed whole: checked against LPT (shipped) or not
         return [(name, dict(lpt_batches=b)) for name in ("br0", "brh-survival", "brh-oracle")
                 for b in (False, True)]
@@ -108,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("part", choices=("br0", "brh", "fill", "brhfill", "safeguard", "lpt",
-                                     "backlog", "clairvoyant"))
+                                     "backlog", "clairvoyant", "settle"))
     ap.add_argument("--out", default="-")
     args = ap.parse_args(argv)
     out = sys.stdout if args.out == "-" else open(args.out, "w", newline="")  # noqa: SIM115
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                      "least_load_imbalance", "jsq_ttft_s_p99", "throughput_loaded_tok_s"])
     # BR-0's ticks are judged below saturation too (open loop at 0.5 and 1.0 of JSQ's
     # saturated request rate); BR-H saturated only
-    loads = (("saturated",) if args.part in ("brh", "brhfill", "safeguard", "clairvoyant")
+    loads = (("saturated",) if args.part in ("brh", "brhfill", "safeguard", "clairvoyant", "settle")
              else ("saturated", 0.5, 1.0))
     if args.part == "lpt":
         loads = ("saturated", 0.5, 0.8, 1.0, 1.2)
@@ -132,11 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         grid = _grid(args.part)
         slices = [(f"{label} G={g}", g, train, test)
                   for label, train, test in training_slices() for g in (G, 2 * G)]
-    elif args.part == "clairvoyant":  # 3,000-request slices at seeds 11-15, four 20,000 draws
+    elif args.part in ("clairvoyant", "settle"):  # seeds 11-15 at 3,000 requests, 11-14 at 20,000
         grid = _grid(args.part)
         labelled = list(training_slices((11, 12, 13, 14, 15)))
         labelled += [item for seed in (11, 12, 13, 14)
                      for item in training_slices((seed,), long=True) if "n=20000" in item[0]]
+        if args.part == "settle":  # the replays never reach a decode-heavy backlog
+            labelled = [item for item in labelled if "@" in item[0]]
         slices = [(f"{label} G={g}", g, train, test) for label, train, test in labelled
                   for g in (G, 2 * G)]
     elif args.part == "backlog":  # the short slices at seeds 11-13 and two 20,000-request draws

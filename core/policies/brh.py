@@ -16,7 +16,7 @@ from ..two_stage import BACKLOG_PER_REPLICA, two_stage_assign
 from ..workloads.base import Workload
 from .br0 import BR0Policy, check_tick_params, stage1_growth_steps
 
-__all__ = ["DEFAULT_BETA_PER_REPLICA", "DEFAULT_SAFEGUARD", "BRHPolicy"]
+__all__ = ["DEFAULT_BETA_PER_REPLICA", "DEFAULT_SAFEGUARD", "SHARP_SPREAD", "BRHPolicy"]
 
 DEFAULT_BETA_PER_REPLICA = 2.0
 """β = 2·G by default: overflowing the projected envelope costs twice the exact marginal (G per
@@ -25,6 +25,14 @@ token-step) — a safety margin against forecast error (training-only sweep, REA
 DEFAULT_SAFEGUARD = 0.05
 """The lookahead's plan replaces BR-0's only when it projects ≥ 5 % less discounted imbalance
 (training-only sweep ``sweep_defaults safeguard``, ``papers/quality.md``)."""
+
+SHARP_SPREAD = 0.5
+"""A forecast whose ``spread`` (the coefficient of variation of the output lengths it leaves
+unexplained: the survival ECDF's training outputs) is at most this is *sharp*: after a settled
+backlog the safeguard stands aside on its backlog window (``BRHPolicy.backlog_settle_s``). The
+training data bracket it: azure-2024-long's outputs spread 0.31 (the unguarded window helps),
+servegen-r1's 1.44 (it reaches 1.31× br0); 0.5 is the cautious end (``papers/quality.md``,
+"A settled backlog")."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -80,13 +88,21 @@ class BRHPolicy:
     it off.
     ``backlog_safeguard``: whether the safeguard also judges the backlog window's ticks —
     ``None`` (default): yes, unless the predictor is clairvoyant (it says so with a true
-    ``clairvoyant`` attribute: the :class:`~balanceroute.core.predictors.oracle.Oracle`). The
+    ``clairvoyant`` attribute: the :class:`~balanceroute.core.predictors.oracle.Oracle`), or it
+    is sharp (a ``spread`` ≤ :data:`SHARP_SPREAD`: the survival ECDF of a concentrated length
+    distribution) and the backlog has lasted ``backlog_settle_s`` seconds of the tick clock
+    (``None``: a sharp forecast is always judged). The
     safeguard guards the lookahead against its forecast's errors, and a clairvoyant forecast of
     the running requests' departures has none: on the 20,000-request training draws the long
     window unguarded takes the oracle from 0.55–0.70× br0 to 0.23–0.39× on azure-2024-long and
-    from 0.77–1.07× to 0.64–1.03× on servegen-r1, while the survival forecast unguarded reaches
-    1.46× br0 on the 3,000-request ones (``papers/quality.md``, "The clairvoyant backlog
-    window"). ``True`` / ``False`` force it either way.
+    from 0.77–1.07× to 0.64–1.03× on servegen-r1 (``papers/quality.md``, "The clairvoyant
+    backlog window"). The survival forecast unguarded reaches 1.46× br0 on the 3,000-request
+    draws, whose loaded phase is mostly the start of the backlog, and 1.30× on servegen-r1
+    (outputs spread 1.44); once an azure-2024-long backlog (spread 0.31) has lasted 45 s (≈ 900
+    steps, two thirds of a mean output's decode) it gains on every 20,000-request draw
+    (0.64–0.75× br0) and stays ≤ 1.04× on the short ones (``sweep_defaults settle``,
+    ``papers/quality.md``, "A settled backlog"). The tick records when the current backlog began
+    (the policy's only state; a clock that runs backwards starts afresh). ``True`` / ``False`` force it either way.
     Defaults H = 80, γ = 0.86,
     β = 2·G come from a training-only multi-workload sweep (README, "Defaults"); with
     ``horizon=0, alpha=1``, BR-0's β (``beta_per_replica``·G) and ``backlog_horizon=None`` the
@@ -117,9 +133,11 @@ class BRHPolicy:
     backlog_beta_per_replica: float = 16.0
     backlog_share: float = 0.2
     backlog_safeguard: bool | None = None
+    backlog_settle_s: float | None = 45.0
     name: str = "brh"
     tick_fn: Callable[..., Assignment] = field(default=two_stage_assign, repr=False)
     _base: BR0Policy = field(init=False, repr=False, compare=False)
+    _since: float | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if int(self.horizon) != self.horizon or self.horizon < 0:
@@ -151,6 +169,9 @@ class BRHPolicy:
                 raise ValueError(f"{self.backlog_share=} must be in [0, 1]")
         if self.backlog_safeguard not in (None, True, False):
             raise ValueError(f"{self.backlog_safeguard=} must be True, False or None (auto)")
+        settle = self.backlog_settle_s
+        if settle is not None and not (settle >= 0 and np.isfinite(settle)):
+            raise ValueError(f"{self.backlog_settle_s=} must be a finite number >= 0 (or None)")
         self._base = BR0Policy(s_greedy=self.s_greedy, r_max=self.r_max, deadline_s=self.deadline_s,
                                stage1=self.stage1, growth_steps=self.growth_steps,
                                ttft_slo_s=self.ttft_slo_s, lpt_batches=self.lpt_batches,
@@ -174,19 +195,35 @@ class BRHPolicy:
         grown = float(state.active_age.sum())
         return grown > 0 and grown >= self.backlog_share * float(state.active_prompt.sum() + grown)
 
-    def window(self, state: ClusterState, pool: PoolView) -> tuple[int, float, float]:
+    def window(self, state: ClusterState, pool: PoolView,
+               backlog: bool | None = None) -> tuple[int, float, float]:
         """(H, γ, β) of this tick: the backlog window on a decode-heavy backlog, else the
-        policy's own (class docstring)."""
-        if self.in_backlog(state, pool):
+        policy's own (class docstring); ``backlog``: :meth:`in_backlog`, if already known."""
+        if self.in_backlog(state, pool) if backlog is None else backlog:
             return (int(self.backlog_horizon), float(self.backlog_gamma),
                     float(self.backlog_beta_per_replica) * state.num_replicas)
         return int(self.horizon), float(self.gamma), self.beta_for(state.num_replicas)
 
-    def guards_backlog(self) -> bool:
-        """Whether the safeguard judges the backlog window's ticks (``backlog_safeguard``)."""
+    def track_backlog(self, state: ClusterState, pool: PoolView) -> bool:
+        """:meth:`in_backlog`, recording the clock at which the current backlog began (reset off
+        the backlog, and when the clock runs backwards: a new run)."""
+        backlog = self.in_backlog(state, pool)
+        if not backlog or self._since is None or state.now < self._since:
+            self._since = state.now if backlog else None
+        return backlog
+
+    def guards_backlog(self, now: float | None = None) -> bool:
+        """Whether the safeguard judges a backlog window's tick at clock ``now``
+        (``backlog_safeguard``; a backlog counts as settled from ``backlog_settle_s`` after
+        :meth:`track_backlog` saw it begin)."""
         if self.backlog_safeguard is not None:
             return bool(self.backlog_safeguard)
-        return not getattr(self.predictor, "clairvoyant", False)
+        if getattr(self.predictor, "clairvoyant", False):
+            return False
+        spread = getattr(self.predictor, "spread", None)
+        settled = (self.backlog_settle_s is not None and now is not None
+                   and self._since is not None and now - self._since >= self.backlog_settle_s)
+        return not (settled and spread is not None and spread <= SHARP_SPREAD)
 
     def forecast(self, state: ClusterState, pool: PoolView,
                  horizon: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -209,9 +246,10 @@ class BRHPolicy:
     def assign(self, state: ClusterState, pool: PoolView) -> Assignment:
         """One BR-H tick: forecast, project L̂ (G, H+1), run the two-stage tick on it; with the
         safeguard, place BR-0's plan unless this one projects clearly less imbalance."""
+        backlog = self.track_backlog(state, pool)
         if len(pool) == 0 or not state.free_slots.any():
             return Assignment()
-        h, gamma, beta = self.window(state, pool)
+        h, gamma, beta = self.window(state, pool, backlog)
         dep_act, dep_pool = self.forecast(state, pool, h)
         proj = project_loads(
             state.loads, state.active_replica, state.active_prompt + state.active_age, dep_act, h
@@ -238,7 +276,7 @@ class BRHPolicy:
             fill_order=self.fill_order,
             lpt_batches=self.lpt_batches,
         )
-        if self.safeguard is None or (not self.guards_backlog() and self.in_backlog(state, pool)):
+        if self.safeguard is None or (backlog and not self.guards_backlog(state.now)):
             return own
         base = self._base.assign(state, pool)
         if np.array_equal(own.pool_index, base.pool_index) and np.array_equal(own.replica, base.replica):

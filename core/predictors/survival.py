@@ -82,6 +82,10 @@ class EmpiricalSurvival:
     sorted_out: NDArray[np.int64]
     prefix: NDArray[np.float64]
     count_le: NDArray[np.int64]
+    spread: float = float("nan")
+    """The coefficient of variation of the training outputs (``std / mean``; ``inf`` if they are
+    all 0): how much of a request's length the age alone leaves unexplained — BR-H's sharpness
+    test (:data:`~balanceroute.core.policies.brh.SHARP_SPREAD`; NaN: unknown, never sharp)."""
     name: str = "survival"
     uses_features: ClassVar[bool] = False  # the age alone: callers may skip gathering features
 
@@ -103,7 +107,9 @@ class EmpiricalSurvival:
         prefix = np.concatenate([[0.0], np.cumsum(out, dtype=np.float64)])
         # count_le[v] = #{o <= v} for v = 0..max(o): turns each searchsorted into one lookup
         count_le = np.cumsum(np.bincount(out, minlength=int(out[-1]) + 1)).astype(np.int64)
-        return cls(sorted_out=out, prefix=prefix, count_le=count_le)
+        mean = float(out.mean())
+        spread = float(out.std()) / mean if mean > 0 else float("inf")
+        return cls(sorted_out=out, prefix=prefix, count_le=count_le, spread=spread)
 
     def predict(
         self, features: RequestFeatures, ages: NDArray, horizon: int

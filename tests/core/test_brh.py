@@ -261,18 +261,27 @@ def test_the_backlog_window_decides_as_that_window_does(data, replicas, safeguar
     assert a.replica.tolist() == b.replica.tolist()
 
 
-def test_a_clairvoyant_forecast_places_the_backlog_windows_own_plan():
-    # G = 2, B = 2: replica 0 runs two requests (full), replica 1 one (s = 62, age 54); four
-    # 100-200-token prompts pooled (2·G: a backlog), decode growth 182 / 400 ≥ 0.2: the long window
+WORKED_OUTPUTS = np.array([95, 230, 184, 219, 190, 163, 168])
+
+
+def _worked_backlog_tick(now=0.0):
+    """G = 2, B = 2: replica 0 runs two requests (full), replica 1 one (s = 62, age 54); four
+    100-200-token prompts pooled (2·G: a backlog), decode growth 182 / 400 ≥ 0.2: the long
+    window. The lookahead's plan is the 101-token prompt, BR-0's the 121-token one."""
     state = ClusterState(
         loads=np.array([284, 116]), free_slots=np.array([0, 1]), num_active=np.array([2, 1]),
         active_replica=np.array([0, 0, 1]), active_prompt=np.array([102, 54, 62]),
-        active_age=np.array([60, 68, 54]), active_ids=np.arange(3),
+        active_age=np.array([60, 68, 54]), active_ids=np.arange(3), now=now,
     )
     view = PoolView(prompt_len=np.array([182, 101, 121, 194]), wait=np.zeros(4),
                     request_ids=np.arange(3, 7))
     table = RequestFeatures(prompt_len=np.array([102, 54, 62, 182, 101, 121, 194]),
-                            output_len=np.array([95, 230, 184, 219, 190, 163, 168]))
+                            output_len=WORKED_OUTPUTS)
+    return state, view, table
+
+
+def test_a_clairvoyant_forecast_places_the_backlog_windows_own_plan():
+    state, view, table = _worked_backlog_tick()
     auto = BRHPolicy(predictor=Oracle(), features=table)
     assert auto.in_backlog(state, view) and not auto.guards_backlog()
     own = BRHPolicy(predictor=Oracle(), features=table, safeguard=None).assign(state, view)
@@ -293,6 +302,45 @@ def test_a_clairvoyant_forecast_places_the_backlog_windows_own_plan():
     # off the backlog window (2 pooled < 2·G) the safeguard judges the Oracle's ticks as before
     short = PoolView(prompt_len=view.prompt_len[:2], wait=np.zeros(2), request_ids=view.request_ids[:2])
     assert not auto.in_backlog(state, short)
+
+
+def _plan(policy, state, view):
+    got = policy.assign(state, view)
+    return got.pool_index.tolist(), got.replica.tolist()
+
+
+def test_a_sharp_forecast_acts_unguarded_once_the_backlog_has_settled():
+    # the worked tick with the survival ECDF of its seven output lengths: spread 0.23 ≤ 0.5
+    sharp = EmpiricalSurvival.from_lengths(WORKED_OUTPUTS)
+    assert sharp.spread == pytest.approx(WORKED_OUTPUTS.std() / WORKED_OUTPUTS.mean())
+    assert sharp.spread == pytest.approx(0.2299, abs=1e-4)
+    lookahead, guarded = ([1], [1]), ([2], [1])
+    state, view, _ = _worked_backlog_tick()
+    assert _plan(BRHPolicy(predictor=sharp, safeguard=None), state, view) == lookahead
+    brh = BRHPolicy(predictor=sharp)  # backlog_settle_s = 45 s
+    at = [_worked_backlog_tick(now)[0] for now in (100.0, 144.9, 145.0, 146.0, 10.0, 55.0)]
+    assert _plan(brh, at[0], view) == guarded  # the backlog begins at 100 s: judged
+    assert _plan(brh, at[1], view) == guarded  # 44.9 s in: still judged
+    assert _plan(brh, at[2], view) == lookahead  # 45 s in: settled, the lookahead's own plan
+    assert _plan(brh, at[3], view) == lookahead
+    assert _plan(brh, at[4], view) == guarded  # the clock ran backwards (a new run): afresh
+    assert _plan(brh, at[5], view) == lookahead  # 45 s after 10 s
+    # a tick off the backlog (2 pooled < 2·G) ends it: the next backlog starts the clock again
+    short = PoolView(prompt_len=view.prompt_len[:2], wait=np.zeros(2), request_ids=view.request_ids[:2])
+    brh.assign(_worked_backlog_tick(56.0)[0], short)
+    assert _plan(brh, _worked_backlog_tick(57.0)[0], view) == guarded
+    assert _plan(brh, _worked_backlog_tick(101.9)[0], view) == guarded
+    assert _plan(brh, _worked_backlog_tick(102.0)[0], view) == lookahead
+    # a dispersed forecast (one long output: spread 0.98 > 0.5) is always judged, as is a sharp
+    # one with backlog_settle_s=None, or with backlog_safeguard forced on
+    wide = EmpiricalSurvival.from_lengths(np.append(WORKED_OUTPUTS, 1000))
+    assert wide.spread > 0.5
+    assert _plan(BRHPolicy(predictor=wide, safeguard=None), state, view) == lookahead
+    for policy in (BRHPolicy(predictor=wide), BRHPolicy(predictor=sharp, backlog_settle_s=None),
+                   BRHPolicy(predictor=sharp, backlog_safeguard=True)):
+        assert [_plan(policy, _worked_backlog_tick(t)[0], view) for t in (0.0, 100.0)] == [guarded] * 2
+    # zero outputs have no relative spread: never sharp
+    assert EmpiricalSurvival.from_lengths(np.array([0, 0])).spread == float("inf")
 
 
 def _brute_cost(state, view, table, plan, horizon, gamma, w):
@@ -340,6 +388,8 @@ def test_parameters_are_validated():
         (dict(backlog_gamma=1.5), "gamma"), (dict(backlog_beta_per_replica=0.0), "backlog_beta"),
         (dict(backlog_share=1.2), "backlog_share"),
         (dict(backlog_safeguard="yes"), "backlog_safeguard"),
+        (dict(backlog_settle_s=-1.0), "backlog_settle_s"),
+        (dict(backlog_settle_s=float("inf")), "backlog_settle_s"),
     ]:
         with pytest.raises(ValueError, match=match):
             BRHPolicy(**bad)
