@@ -36,6 +36,13 @@ class ExactMatch:
     fallback: EmpiricalSurvival
     name: str = "exact_match"
 
+    @property
+    def spread(self) -> float:
+        """The fallback's :attr:`~EmpiricalSurvival.spread`: what the forecast leaves unexplained
+        wherever the memo does not apply — almost everywhere on the bundled traces (0.12 % of
+        mooncake-conv's test prompts are memo hits), everywhere without prompt hashes."""
+        return self.fallback.spread
+
     @classmethod
     def fit(cls, train: Workload, *, horizon: int = 80, seed: int = 0) -> ExactMatch:
         """Memoise ``train``'s output lengths by ``prefix_hash`` (empty memo if it has none)."""

@@ -14,6 +14,7 @@ from balanceroute.core.policies.br0 import BR0Policy
 from balanceroute.core.policies.brh import BRHPolicy
 from balanceroute.core.predictors import (
     EmpiricalSurvival,
+    ExactMatch,
     NoisePredictor,
     Oracle,
     RequestFeatures,
@@ -339,8 +340,11 @@ def test_a_sharp_forecast_acts_unguarded_once_the_backlog_has_settled():
     for policy in (BRHPolicy(predictor=wide), BRHPolicy(predictor=sharp, backlog_settle_s=None),
                    BRHPolicy(predictor=sharp, backlog_safeguard=True)):
         assert [_plan(policy, _worked_backlog_tick(t)[0], view) for t in (0.0, 100.0)] == [guarded] * 2
-    # zero outputs have no relative spread: never sharp
+    # zero outputs have no relative spread: never sharp; ExactMatch reports its fallback's
     assert EmpiricalSurvival.from_lengths(np.array([0, 0])).spread == float("inf")
+    train = lognormal_workload(50, seed=3)
+    memo = ExactMatch.fit(train)
+    assert memo.spread == EmpiricalSurvival.from_lengths(train.output_len).spread > 0.5
 
 
 def _brute_cost(state, view, table, plan, horizon, gamma, w):
