@@ -31,7 +31,7 @@ SHARP_SPREAD = 0.5
 unexplained: the survival ECDF's training outputs) is at most this is *sharp*: after a settled
 backlog the safeguard stands aside on its backlog window (``BRHPolicy.backlog_settle_s``). The
 training data bracket it: azure-2024-long's outputs spread 0.31 (the unguarded window helps),
-servegen-r1's 1.44 (it reaches 1.31× br0); 0.5 is the cautious end (``papers/quality.md``,
+servegen-r1's 1.44 (unguarded it reaches 1.30× br0); 0.5 is the cautious end (``papers/quality.md``,
 "A settled backlog")."""
 
 
@@ -102,7 +102,8 @@ class BRHPolicy:
     steps, two thirds of a mean output's decode) it gains on every 20,000-request draw
     (0.64–0.75× br0) and stays ≤ 1.04× on the short ones (``sweep_defaults settle``,
     ``papers/quality.md``, "A settled backlog"). The tick records when the current backlog began
-    (the policy's only state; a clock that runs backwards starts afresh). ``True`` / ``False`` force it either way.
+    (the policy's only state; a clock that runs backwards starts afresh). ``True`` / ``False``
+    force it either way.
     Defaults H = 80, γ = 0.86,
     β = 2·G come from a training-only multi-workload sweep (README, "Defaults"); with
     ``horizon=0, alpha=1``, BR-0's β (``beta_per_replica``·G) and ``backlog_horizon=None`` the
