@@ -50,7 +50,9 @@ class PolicyEntry:
     workload; it is then built by ``get_policy`` — ``bfio`` without a predictor). ``extra`` /
     ``module``: the pip extra it needs and the module that extra provides. ``deadline`` /
     ``ttft_slo``: it takes ``deadline_s`` (the proxy sets it from the KV lease) / ``ttft_slo_s``.
-    ``default``: a row of ``compare`` without ``--policies`` (the paper's Table 1 and BF-IO)."""
+    ``default``: a row of ``compare`` without ``--policies`` (the paper's Table 1 and BF-IO).
+    ``learner``: online, the row's predictor is this one, learnt from the proxy's own finished
+    requests instead of fitted on a training split (``brh-survival``: ``OnlineSurvival``)."""
 
     build: Callable[[BuildInputs], Policy]
     predictor: str | None = None
@@ -60,6 +62,7 @@ class PolicyEntry:
     deadline: bool = False
     ttft_slo: bool = False
     default: bool = False
+    learner: Callable[[], Any] | None = None
 
     @property
     def training(self) -> bool:
@@ -114,6 +117,12 @@ def _solver(inputs: BuildInputs) -> Policy:
     return _bound(_construct(MPCPolicy, inputs.name, dict(inputs.params)), inputs)
 
 
+def _online_survival() -> Any:
+    from balanceroute.core.predictors import OnlineSurvival
+
+    return OnlineSurvival()
+
+
 def _construct(cls: Callable[..., Any], name: str, params: dict[str, Any]) -> Any:
     try:
         return cls(**params)
@@ -134,7 +143,8 @@ CATALOGUE: dict[str, PolicyEntry] = {
     "bfio-h0-lease": PolicyEntry(build=_registry, online=True, deadline=True),
     "bfio": PolicyEntry(build=_bfio, predictor="oracle", online=True, deadline=True, default=True),
     "br0": PolicyEntry(build=_registry, online=True, deadline=True, ttft_slo=True, default=True),
-    "brh-survival": PolicyEntry(predictor="survival", default=True, **_BRH),
+    "brh-survival": PolicyEntry(predictor="survival", default=True, online=True,
+                                learner=_online_survival, **_BRH),
     "brh-exact": PolicyEntry(predictor="exact_match", default=True, **_BRH),
     "brh-learned": PolicyEntry(predictor="learned", default=True, extra="learned", module="torch",
                                **_BRH),
@@ -174,13 +184,19 @@ def build_policy(
     (``ValueError`` if it is ``None``; ``predictor_params`` go to the predictor's ``fit``, e.g.
     ``steps`` of the learned model) and are bound to ``test``'s rows; the seed reaches the
     policies that draw random numbers and the predictors. ``online=True`` (the proxy): the
-    registry policy, nothing fitted or bound. A missing extra is a ``ValueError`` naming it."""
+    registry policy, nothing fitted or bound — or, for a row with a ``learner``, the row with
+    that predictor, empty until the proxy feeds it. A missing extra is a ``ValueError`` naming
+    it."""
     entry = policy_entry(name, online=online)
     if entry.module is not None and importlib.util.find_spec(entry.module) is None:
         raise ValueError(f"policy {name!r} needs the {entry.extra} extra: "
                          f"pip install 'balanceroute[{entry.extra}]'")
-    if online:
+    if online and entry.learner is None:
         return get_policy(name, **dict(params or {}))
+    if online:
+        return entry.build(BuildInputs(
+            name=name, predictor=None, train=None, test=None, seed=seed, predictor_params={},
+            params={**dict(params or {}), "predictor": entry.learner(), "name": name}))
     return entry.build(BuildInputs(name=name, predictor=entry.predictor, train=train, test=test, seed=seed,
                                    params=dict(params or {}),
                                    predictor_params=dict(predictor_params or {})))

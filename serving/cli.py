@@ -74,8 +74,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(none is sent by default; per upstream: api_key_env in the config)")
     p.add_argument("--params", action="append", default=[], metavar="FILE",
                    help="policy parameters from a `balanceroute tune --write-params` file (a "
-                        "brh-<predictor> file applies to brh, which serves without a fitted "
-                        "predictor); --policy-param overrides single keys")
+                        "brh-survival file serves brh-survival, which learns its forecast from "
+                        "finished requests; another brh-<predictor> file applies to brh, without "
+                        "a predictor); --policy-param overrides single keys")
     p.add_argument("--ttft-slo", dest="ttft_slo_s", metavar="SECONDS|off",
                    help="soft first-token deadline passed to the policy as ttft_slo_s (policies "
                         "that take it; br0/brh default 4 s); 'off' leaves only the KV-lease deadline")
@@ -213,7 +214,10 @@ def _apply_params_file(mapping: dict[str, Any], paths: list[str]) -> None:
     if len(files) != 1:
         raise ValueError("serve runs one policy: give one --params file")
     (named, params), = files.items()
-    served = "brh" if named.startswith("brh-") else named
+    from balanceroute.catalogue import CATALOGUE
+
+    online = named in CATALOGUE and CATALOGUE[named].online
+    served = "brh" if named.startswith("brh-") and not online else named
     policy = mapping.get("policy") or served
     if policy != served:
         raise ValueError(f"--params {files.sources[named]} is for {named!r}, but the proxy runs "

@@ -22,6 +22,7 @@ import contextlib
 import copy
 import hmac
 import logging
+import math
 import time
 import uuid
 from typing import Any
@@ -129,6 +130,8 @@ class Proxy:
         self.metrics.register_gauges(self._extra_gauges)
         self.admin_token = config.admin_token()
         self._started = time.monotonic()
+        # a predictor that learns from finished requests (brh-survival: OnlineSurvival)
+        self.learner = getattr(getattr(policy, "predictor", None), "observe", None)
 
     # ----------------------------------------------------------------- lifecycle
     def warm_up(self) -> None:
@@ -143,6 +146,10 @@ class Proxy:
         t0 = time.perf_counter()
         try:
             twin = copy.deepcopy(self.policy)
+            learner = getattr(twin, "predictor", None)
+            if getattr(learner, "ready", True) is False:  # compile its forecast, too
+                for _ in range(learner.min_samples):
+                    learner.observe(64)
             if inputs is not None:
                 twin.assign(*inputs)
         except Exception as exc:  # the per-tick fallback takes over if the policy keeps failing
@@ -294,6 +301,8 @@ class Proxy:
     def _end(self, ticket: Ticket, outcome: str) -> None:
         tokens = ticket.age  # finishing releases the ticket's slot and its a_i
         if self.dispatcher.finish(ticket, outcome):
+            if outcome == "ok" and tokens > 0 and self.learner is not None:
+                self.learner(tokens)  # a complete output: its length, as decode reported it
             log.debug("%s: ended (%s) after %.3f s, %d tokens", ticket.request_id, outcome,
                       time.monotonic() - ticket.created, tokens)
             self.metrics.requests.labels(ticket.endpoint, outcome).inc()
@@ -332,6 +341,7 @@ class Proxy:
         prefill_usable = self.prefills.in_service()
         return {
             "policy": getattr(self.policy, "name", cfg.policy),
+            "predictor": self._predictor_status(),
             "kv_dialect": cfg.kv_dialect, "ready": self.ready, "panic": members.panic,
             "uptime_s": now - self._started,
             "replicas": [
@@ -356,6 +366,19 @@ class Proxy:
             "ejections": {"decode": dict(members.outliers.ejections_total),
                           "prefill": dict(self.prefills.detector.ejections_total)},
         }
+
+    def _predictor_status(self) -> dict[str, Any] | None:
+        """What the policy's forecast rests on: for one learnt from finished requests, how many
+        lengths, whether it is ready and its spread (``None`` without a predictor)."""
+        predictor = getattr(self.policy, "predictor", None)
+        if predictor is None:
+            return None
+        out: dict[str, Any] = {"name": getattr(predictor, "name", type(predictor).__name__)}
+        if self.learner is not None:
+            spread = float(predictor.spread)
+            out.update(samples=int(predictor.samples), ready=bool(predictor.ready),
+                       spread=spread if math.isfinite(spread) else None)
+        return out
 
     def check_admin(self, request: Request) -> None:
         """Admin endpoints are off (403) without a configured token, and need it (401) with one."""

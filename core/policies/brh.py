@@ -188,8 +188,9 @@ class BRHPolicy:
 
     def in_backlog(self, state: ClusterState, pool: PoolView) -> bool:
         """Whether this tick looks through the backlog window: a decode-heavy backlog (class
-        docstring) and a predictor that answers any H."""
+        docstring) and a ready predictor that answers any H."""
         if (self.backlog_horizon is None or self.predictor is None
+                or not getattr(self.predictor, "ready", True)  # OnlineSurvival still warming up
                 or getattr(self.predictor, "horizon", None) is not None  # trained for one H
                 or len(pool) < BACKLOG_PER_REPLICA * state.num_replicas):
             return False

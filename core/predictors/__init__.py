@@ -23,7 +23,7 @@ from .exact_match import ExactMatch
 from .learned import LearnedTermination
 from .noise import NoisePredictor
 from .oracle import Oracle
-from .survival import EmpiricalSurvival
+from .survival import EmpiricalSurvival, OnlineSurvival
 
 __all__ = [
     "PREDICTORS",
@@ -32,6 +32,7 @@ __all__ = [
     "FeatureSource",
     "LearnedTermination",
     "NoisePredictor",
+    "OnlineSurvival",
     "Oracle",
     "Predictor",
     "RequestFeatures",

@@ -12,7 +12,7 @@ from .._jit import HAVE_NUMBA, njit
 from ..workloads.base import Workload
 from .base import RequestFeatures, check_horizon
 
-__all__ = ["EmpiricalSurvival", "survival_estimates"]
+__all__ = ["EmpiricalSurvival", "OnlineSurvival", "survival_estimates"]
 
 
 def survival_estimates(
@@ -128,3 +128,68 @@ class EmpiricalSurvival:
             starts, ends, self.sorted_out.shape[0], self.prefix, a, horizon
         )
         return p_fin, mu_rem
+
+
+class OnlineSurvival:
+    """:class:`EmpiricalSurvival` of the output lengths observed so far — what the proxy learns
+    from its own finished requests (:meth:`observe`), so that BR-H serves with a survival
+    forecast and no training trace.
+
+    It keeps the last ``window`` lengths and refits after every ``refit_every`` new ones. Until
+    it holds ``min_samples`` it is not :attr:`ready`: it forecasts no departure (``p_fin = 0``)
+    and reports no :attr:`spread`, and BR-H then ticks as it does without a predictor (no
+    backlog window, never sharp).
+    """
+
+    __slots__ = ("_count", "_fit", "_lengths", "_pending", "min_samples", "refit_every", "window")
+    name = "survival-online"
+    uses_features: ClassVar[bool] = False
+
+    def __init__(self, *, window: int = 10_000, min_samples: int = 200,
+                 refit_every: int = 100) -> None:
+        for key, value, low in (("window", window, 1), ("min_samples", min_samples, 1),
+                                ("refit_every", refit_every, 1)):
+            if int(value) != value or value < low:
+                raise ValueError(f"{key}={value!r} must be an integer >= {low}")
+        if min_samples > window:
+            raise ValueError(f"{min_samples=} must be <= {window=}")
+        self.window, self.min_samples, self.refit_every = int(window), int(min_samples), int(refit_every)
+        self._lengths = np.zeros(self.window, dtype=np.int64)  # a ring: the last `window` lengths
+        self._count = 0
+        self._pending = 0
+        self._fit: EmpiricalSurvival | None = None
+
+    @property
+    def samples(self) -> int:
+        """How many lengths the forecast rests on (at most ``window``)."""
+        return min(self._count, self.window)
+
+    @property
+    def ready(self) -> bool:
+        """Whether it has seen ``min_samples`` lengths (and forecasts from them)."""
+        return self._fit is not None
+
+    @property
+    def spread(self) -> float:
+        """The current fit's :attr:`EmpiricalSurvival.spread`; NaN (never sharp) until ready."""
+        return self._fit.spread if self._fit is not None else float("nan")
+
+    def observe(self, output_len: int) -> None:
+        """One finished request's output length (tokens ≥ 0)."""
+        if int(output_len) != output_len or output_len < 0:
+            raise ValueError(f"{output_len=} must be an integer >= 0")
+        self._lengths[self._count % self.window] = int(output_len)
+        self._count += 1
+        self._pending += 1
+        if self._count >= self.min_samples and (self._fit is None or self._pending >= self.refit_every):
+            self._fit = EmpiricalSurvival.from_lengths(self._lengths[:self.samples])
+            self._pending = 0
+
+    def predict(
+        self, features: RequestFeatures, ages: NDArray, horizon: int
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """The current fit's forecast; before it is ready, no departure within the window."""
+        if self._fit is not None:
+            return self._fit.predict(features, ages, horizon)
+        n = np.asarray(ages).shape[0]
+        return np.zeros(n), np.full(n, float(check_horizon(horizon)))

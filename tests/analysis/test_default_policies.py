@@ -36,7 +36,7 @@ def test_the_proxy_runs_only_rows_without_a_workload():
 
     online = {n for n, e in catalogue.CATALOGUE.items() if e.online}
     assert online == {"random", "round_robin", "power_of_two", "jsq", "least_load", "bfio-h0",
-                      "bfio-h0-lease", "bfio", "br0", "brh"}
+                      "bfio-h0-lease", "bfio", "br0", "brh", "brh-survival"}
     with pytest.raises(ValueError, match="unknown policy 'brh-oracle'; valid: random"):
         catalogue.build_policy("brh-oracle", online=True)
     assert catalogue.build_policy("bfio", online=True).predictor is None  # no training data online

@@ -16,6 +16,7 @@ from balanceroute.core.predictors import (
     EmpiricalSurvival,
     ExactMatch,
     NoisePredictor,
+    OnlineSurvival,
     Oracle,
     RequestFeatures,
     split_workload,
@@ -340,6 +341,16 @@ def test_a_sharp_forecast_acts_unguarded_once_the_backlog_has_settled():
     for policy in (BRHPolicy(predictor=wide), BRHPolicy(predictor=sharp, backlog_settle_s=None),
                    BRHPolicy(predictor=sharp, backlog_safeguard=True)):
         assert [_plan(policy, _worked_backlog_tick(t)[0], view) for t in (0.0, 100.0)] == [guarded] * 2
+    # the proxy's OnlineSurvival: before min_samples it has no backlog window (as no predictor);
+    # once it holds the seven worked lengths it decides as the fitted curve does, settling included
+    learner = OnlineSurvival(min_samples=7, refit_every=7)
+    online = BRHPolicy(predictor=learner)
+    for length in WORKED_OUTPUTS[:6]:
+        learner.observe(length)
+    assert not online.in_backlog(state, view) and sharp.spread <= 0.5
+    learner.observe(WORKED_OUTPUTS[6])
+    assert online.in_backlog(state, view) and learner.spread == sharp.spread
+    assert [_plan(online, _worked_backlog_tick(t)[0], view) for t in (0.0, 45.0)] == [guarded, lookahead]
     # zero outputs have no relative spread: never sharp; ExactMatch reports its fallback's
     assert EmpiricalSurvival.from_lengths(np.array([0, 0])).spread == float("inf")
     train = lognormal_workload(50, seed=3)

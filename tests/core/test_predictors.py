@@ -245,3 +245,38 @@ def test_survival_table_lookup_equals_searchsorted(compiled, monkeypatch):
         p2, mu2, _ = survival_estimates(model.sorted_out, model.prefix, 0, len(out), ages, horizon)
         np.testing.assert_array_equal(p, p2)
         np.testing.assert_array_equal(mu, mu2)
+
+
+def test_online_survival_is_the_ecdf_of_what_it_observed():
+    from balanceroute.core.predictors import OnlineSurvival
+
+    online = OnlineSurvival(window=5, min_samples=3, refit_every=2)
+    feats, ages = _feats(3), np.array([0, 4, 9])
+    # not ready: no departure within the window (BR-H then ticks as without a predictor)
+    online.observe(5)
+    online.observe(10)
+    assert not online.ready and online.samples == 2 and np.isnan(online.spread)
+    p_fin, mu_rem = online.predict(feats, ages, 4)
+    np.testing.assert_array_equal(p_fin, 0.0)
+    np.testing.assert_array_equal(mu_rem, 4.0)
+    online.observe(20)  # the third: fitted on [5, 10, 20]
+    assert online.ready and online.spread == pytest.approx(np.std([5, 10, 20]) / np.mean([5, 10, 20]))
+    want = EmpiricalSurvival.from_lengths(np.array([5, 10, 20])).predict(feats, ages, 4)
+    np.testing.assert_array_equal(online.predict(feats, ages, 4)[0], want[0])
+    online.observe(7)  # one new length: the fit waits for refit_every = 2
+    np.testing.assert_array_equal(online.predict(feats, ages, 4)[0], want[0])
+    online.observe(8)  # the second: refit on all five
+    assert online._fit.sorted_out.tolist() == [5, 7, 8, 10, 20]
+    online.observe(9)  # the window keeps the last five: 9 replaces 5 (no refit yet)
+    online.observe(11)  # 11 replaces 10, refit
+    assert online.samples == 5 and online._fit.sorted_out.tolist() == [7, 8, 9, 11, 20]
+    online.observe(12)  # replaces 20: pending
+    assert online._fit.sorted_out.tolist() == [7, 8, 9, 11, 20]
+    online.observe(13)  # replaces 7, refit
+    assert online._fit.sorted_out.tolist() == [8, 9, 11, 12, 13]
+    for bad in (dict(window=0), dict(min_samples=0), dict(refit_every=1.5),
+                dict(window=2, min_samples=3)):
+        with pytest.raises(ValueError):
+            OnlineSurvival(**bad)
+    with pytest.raises(ValueError, match="output_len"):
+        online.observe(-1)

@@ -79,10 +79,15 @@ def test_serve_takes_a_tune_params_file(tmp_path, capsys) -> None:
                  {"command": "tune"})
     base = ["serve", "--kv-dialect", "none", "--decode", "http://a:1", "--params", str(path)]
     config = serve_config(build_parser().parse_args(base))
-    # a brh-<predictor> file runs as brh (the proxy fits no predictor); --policy-param wins
-    assert config.policy == "brh" and dict(config.policy_params) == {
+    # a brh-survival file runs as brh-survival (its forecast learnt from finished requests);
+    # --policy-param wins
+    assert config.policy == "brh-survival" and dict(config.policy_params) == {
         "horizon": 40, "gamma": 0.95, "beta": 32.0, "s_greedy": 4}
     config = serve_config(build_parser().parse_args([*base, "--policy-param", "s_greedy=8"]))
     assert config.policy_params["s_greedy"] == 8
     assert main([*base, "--policy", "br0"]) == 2
     assert "is for 'brh-survival', but the proxy runs 'br0'" in one_line_error(capsys.readouterr().err)
+    # another brh-<predictor> file runs as brh (the proxy cannot fit that predictor)
+    write_params(path, "brh-exact", {"horizon": 40}, {"command": "tune"})
+    config = serve_config(build_parser().parse_args(base))
+    assert config.policy == "brh" and dict(config.policy_params) == {"horizon": 40}

@@ -96,3 +96,37 @@ def test_proxy_applies_exactly_what_the_policy_decides(name: str) -> None:
                             minlength=g_count).astype(np.int64)
         np.testing.assert_array_equal(after, before + added)
         np.testing.assert_array_equal(n_after, n_before + np.bincount(out.replica, minlength=g_count))
+
+
+def test_brh_survival_learns_its_forecast_from_the_requests_it_served() -> None:
+    # the online row: BR-H whose survival forecast is the ECDF of the outputs the proxy saw
+    # finish; after the run it holds exactly the workload's lengths (the emulator decodes
+    # max_tokens = the request's output length), and /status says so
+    from balanceroute.catalogue import build_policy
+    from balanceroute.core.policies.brh import BRHPolicy
+    from balanceroute.core.predictors import OnlineSurvival
+
+    online = build_policy("brh-survival", online=True)
+    assert isinstance(online, BRHPolicy) and isinstance(online.predictor, OnlineSurvival)
+    assert online.name == "brh-survival" and not online.predictor.ready
+    g_count, slots = 4, 4
+    workload = _decode_heavy(48, seed=5)
+    learner = OnlineSurvival(min_samples=16, refit_every=8)
+    recorder = Recording(BRHPolicy(predictor=learner, name="brh-survival"))
+    with running_emulator(num_replicas=g_count, slots=slots, num_prefill=1, time_scale=0.2,
+                          step_model=StepModel(b=0.03, a=2e-6)) as emu, \
+            running_proxy({**emu.proxy_mapping("nixl"), "policy": "brh-survival",
+                           "pool_capacity": 256, "health_interval_s": 0},
+                          policy=recorder) as (url, proxy, _):
+        assert proxy.status()["predictor"] == {"name": "survival-online", "samples": 0,
+                                               "ready": False, "spread": None}
+        config = LoadgenConfig(url=url, concurrency=g_count * slots + 2 * g_count, timeout_s=120)
+        summary, _ = run_load_sync(workload, config)
+        assert summary["ok"] == len(workload), summary["error_kinds"]
+        status = proxy.status()["predictor"]
+    assert learner.samples == len(workload) and learner.ready
+    np.testing.assert_array_equal(learner._fit.sorted_out, np.sort(workload.output_len))
+    want = float(workload.output_len.std() / workload.output_len.mean())
+    assert status == {"name": "survival-online", "samples": len(workload), "ready": True,
+                      "spread": pytest.approx(want)}
+    assert sum(len(out) for _, _, out in recorder.ticks) == len(workload)
