@@ -20,6 +20,7 @@ randomness comes from the cell's seed.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import gc
 import hashlib
@@ -55,6 +56,7 @@ __all__ = [
     "run_cell",
     "scaling_requests",
     "solver_status",
+    "source_code",
 ]
 
 TABLE1_POLICIES = (
@@ -154,13 +156,29 @@ def scaling_requests(profile: Profile, replicas: int, slots: int) -> int:
 _PREDICTOR_CODE = ("policies/brh.py", "predictors/", "projection.py")
 
 
+def source_code(source: bytes | str) -> bytes:
+    """What a fingerprint hashes of one Python file: its syntax tree without docstrings or any
+    other bare string statement (``ast.dump``, no positions), so that comments, docstrings,
+    blank lines and re-wrapped lines leave it unchanged while any change to what runs moves it."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            kept = [stmt for stmt in body if not (
+                isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+                and isinstance(stmt.value.value, str))]
+            node.body = kept or [ast.Pass()]
+    return ast.dump(tree).encode()
+
+
 @lru_cache(maxsize=4)
 def code_fingerprint(part: str) -> str:
-    """A short hash of the source files a cell's result depends on, stored in the cell (so in its
-    cache key and CSV row): ``base`` = ``balanceroute.core`` without the BR-H / predictor
-    modules, ``brh`` = all of ``core``, ``solvers`` = ``base`` + ``balanceroute.solvers``; each
-    with the policy catalogue (``balanceroute/catalogue.py``), which builds every policy.
-    Editing the simulator re-runs every cell; editing a predictor re-runs only ``brh-*`` cells."""
+    """A short hash of the source code a cell's result depends on (:func:`source_code`: the syntax
+    trees, docstrings and comments left out), stored in the cell (so in its cache key and CSV
+    row): ``base`` = ``balanceroute.core`` without the BR-H / predictor modules, ``brh`` = all of
+    ``core``, ``solvers`` = ``base`` + ``balanceroute.solvers``; each with the policy catalogue
+    (``balanceroute/catalogue.py``), which builds every policy. Editing the simulator re-runs
+    every cell; editing a predictor re-runs only ``brh-*`` cells; editing a docstring, none."""
     import balanceroute.catalogue as catalogue
     import balanceroute.core as core
 
@@ -176,8 +194,8 @@ def code_fingerprint(part: str) -> str:
             if name == "core" and part != "brh" and rel.startswith(_PREDICTOR_CODE):
                 continue
             digest.update(f"{name}/{rel}\0".encode())
-            digest.update(path.read_bytes())
-    digest.update(Path(catalogue.__file__).read_bytes())
+            digest.update(source_code(path.read_bytes()))
+    digest.update(source_code(Path(catalogue.__file__).read_bytes()))
     return digest.hexdigest()[:12]
 
 

@@ -53,7 +53,9 @@ class BRHPolicy:
     whole window) keeps an unsure forecast from ever predicting a departure. A placed request
     joins the projection as ``(s + h)·[h < ĉ]``.
 
-    ``predictor``: ``None`` forecasts nothing (everyone stays: pure growth lookahead).
+    ``predictor``: ``None`` forecasts nothing (everyone stays: pure growth lookahead); one with a
+    false ``ready`` (the proxy's :class:`~balanceroute.core.predictors.survival.OnlineSurvival`
+    before it has seen enough finished requests) has no backlog window.
     ``features``: maps request ids to features (:meth:`bind` sets it from a workload; ``None``
     passes only the prompt lengths the state carries). ``beta``: ``None`` means 2·G.
     ``stage1``, ``growth_steps``, ``r_max`` (0: the fill tick), ``ttft_slo_s``, ``lpt_batches``

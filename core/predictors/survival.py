@@ -147,10 +147,10 @@ class OnlineSurvival:
 
     def __init__(self, *, window: int = 10_000, min_samples: int = 200,
                  refit_every: int = 100) -> None:
-        for key, value, low in (("window", window, 1), ("min_samples", min_samples, 1),
-                                ("refit_every", refit_every, 1)):
-            if int(value) != value or value < low:
-                raise ValueError(f"{key}={value!r} must be an integer >= {low}")
+        for key, value in (("window", window), ("min_samples", min_samples),
+                           ("refit_every", refit_every)):
+            if int(value) != value or value < 1:
+                raise ValueError(f"{key}={value!r} must be an integer >= 1")
         if min_samples > window:
             raise ValueError(f"{min_samples=} must be <= {window=}")
         self.window, self.min_samples, self.refit_every = int(window), int(min_samples), int(refit_every)
@@ -163,6 +163,11 @@ class OnlineSurvival:
     def samples(self) -> int:
         """How many lengths the forecast rests on (at most ``window``)."""
         return min(self._count, self.window)
+
+    @property
+    def fitted(self) -> EmpiricalSurvival | None:
+        """The curve it forecasts with now (``None`` until ready)."""
+        return self._fit
 
     @property
     def ready(self) -> bool:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from balanceroute.analysis.experiments import run_cell
+from balanceroute.analysis.experiments import code_fingerprint, run_cell, source_code
 from balanceroute.analysis.sweep import Cell, read_csv, run_grid, write_csv
 
 CALLS: list[Cell] = []
@@ -39,6 +39,20 @@ def test_cell_key_is_stable_and_sensitive():
     assert a.fields()["a"] == 1 and a.fields()["group"] == ""
     with pytest.raises(ValueError):
         Cell(experiment="")
+
+
+def test_code_fingerprints_ignore_docstrings_and_comments():
+    base = 'X = 1\n"""X\'s doc."""\n\n\ndef f(a):\n    """Doc."""\n    return a + X  # note\n'
+    same = ('X = 1\n\n\ndef f(a):\n    """Another doc,\n    over two lines."""\n    # a comment\n'
+            '    return (a\n            + X)\n')
+    assert source_code(base) == source_code(same)
+    assert source_code(base) != source_code(base.replace("a + X", "a - X"))
+    assert source_code(base) != source_code(base.replace("X = 1", "X = 2"))
+    assert source_code(base) != source_code(base.replace('"""Doc."""', "print()"))
+    # a body that was only a docstring is an empty body, not a syntax error
+    assert source_code('def g():\n    """Only a doc."""\n') == source_code("def g():\n    pass\n")
+    prints = {code_fingerprint(part) for part in ("base", "brh", "solvers")}
+    assert len(prints) == 3 and all(len(p) == 12 for p in prints)
 
 
 def test_cache_skips_finished_cells(tmp_path):

@@ -266,14 +266,14 @@ def test_online_survival_is_the_ecdf_of_what_it_observed():
     online.observe(7)  # one new length: the fit waits for refit_every = 2
     np.testing.assert_array_equal(online.predict(feats, ages, 4)[0], want[0])
     online.observe(8)  # the second: refit on all five
-    assert online._fit.sorted_out.tolist() == [5, 7, 8, 10, 20]
+    assert online.fitted.sorted_out.tolist() == [5, 7, 8, 10, 20]
     online.observe(9)  # the window keeps the last five: 9 replaces 5 (no refit yet)
     online.observe(11)  # 11 replaces 10, refit
-    assert online.samples == 5 and online._fit.sorted_out.tolist() == [7, 8, 9, 11, 20]
+    assert online.samples == 5 and online.fitted.sorted_out.tolist() == [7, 8, 9, 11, 20]
     online.observe(12)  # replaces 20: pending
-    assert online._fit.sorted_out.tolist() == [7, 8, 9, 11, 20]
+    assert online.fitted.sorted_out.tolist() == [7, 8, 9, 11, 20]
     online.observe(13)  # replaces 7, refit
-    assert online._fit.sorted_out.tolist() == [8, 9, 11, 12, 13]
+    assert online.fitted.sorted_out.tolist() == [8, 9, 11, 12, 13]
     for bad in (dict(window=0), dict(min_samples=0), dict(refit_every=1.5),
                 dict(window=2, min_samples=3)):
         with pytest.raises(ValueError):

@@ -125,7 +125,7 @@ def test_brh_survival_learns_its_forecast_from_the_requests_it_served() -> None:
         assert summary["ok"] == len(workload), summary["error_kinds"]
         status = proxy.status()["predictor"]
     assert learner.samples == len(workload) and learner.ready
-    np.testing.assert_array_equal(learner._fit.sorted_out, np.sort(workload.output_len))
+    np.testing.assert_array_equal(learner.fitted.sorted_out, np.sort(workload.output_len))
     want = float(workload.output_len.std() / workload.output_len.mean())
     assert status == {"name": "survival-online", "samples": len(workload), "ready": True,
                       "spread": pytest.approx(want)}
