@@ -915,8 +915,9 @@ def build_report(out_dir: str | Path, ctx: ReportContext, figures: dict[str, str
     ]
     if ctx.errors:
         head.append("## Cells that failed\n\n" + "\n".join(f"- {e}" for e in ctx.errors) + "\n")
-    files = ["## Provenance\n", "The code fingerprint of each CSV's rows (a hash of the source "
-             "its cells depend on, also their cache key) against today's code:\n", *prov, "",
+    files = ["## Provenance\n", "The code fingerprint of each CSV's rows (a hash of the code "
+             "its cells depend on, docstrings and comments left out; also their cache key) "
+             "against today's code:\n", *prov, "",
              "## Files\n", "Data (tidy CSV, one row per cell or per instance):\n"]
     files += [f"- `data/{e}.csv`: {len(rows):,} rows" for e, rows in data.items()]
     files += ["", "Figures:\n"] + [f"- `{path}`" for path in figures.values()]
