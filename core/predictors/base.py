@@ -96,6 +96,12 @@ class Predictor(Protocol):
     its output is known to exceed a). A predictor whose forecast depends on the age alone may
     declare ``uses_features = False`` (a class attribute; absent means True): callers then pass
     only the prompt lengths they hold instead of gathering its features.
+
+    Optional attributes BR-H reads (:class:`~balanceroute.core.policies.brh.BRHPolicy`), absent
+    meaning the cautious answer: ``clairvoyant`` (True: its forecasts are the truth — the
+    Oracle), ``spread`` (the coefficient of variation of the output lengths it leaves
+    unexplained; NaN or absent: unknown) and ``ready`` (False while it has nothing to forecast
+    from — ``OnlineSurvival`` warming up; absent: ready).
     """
 
     @property
