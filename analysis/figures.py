@@ -543,5 +543,7 @@ FIGURES: dict[str, tuple[str, Any]] = {
     "optimality_competitive_ratio": ("competitive_ratio", fig_competitive_ratio),
     "ttft_pareto": ("ttft_pareto", lambda rows, path: __import__(
         "balanceroute.analysis.quality", fromlist=["draw_pareto"]).draw_pareto(rows, path)),
+    "quality_seeds": ("quality_seeds", lambda rows, path: __import__(
+        "balanceroute.analysis.quality", fromlist=["draw_powered"]).draw_powered(rows, path)),
 }
 """Figure name → (the experiment CSV it reads, the function drawing it)."""

@@ -1,10 +1,17 @@
 """Decision quality (issue 10) and time to first token (issue 11): grids, runner, rules, report.
 
-Three experiments, each a declared grid of :class:`~.sweep.Cell` s of kind ``quality``:
+Four experiments, each a declared grid of :class:`~.sweep.Cell` s of kind ``quality``:
 
 - ``quality``: the quality matrix — saturated cells (workload × G × requests × seed) and
   open-loop cells (workload × G × offered load, as a multiple of the measured saturated
   capacity) for :data:`QUALITY_POLICIES`, with the acceptance rules of :func:`rule_violations`.
+- ``quality_seeds``: the same rules judged per *group* (workload × G × requests × load) over
+  many held-out seeds (:data:`HELD_OUT_SEEDS`, drawn by no training run and no other
+  experiment): each rule's paired ratio as a geometric mean with its 95 % confidence interval,
+  and a verdict — holds, breaks, or undecided at that many seeds (:func:`powered_lines`). One
+  cell is one trajectory of a chaotic system (a near-identical twin lands a median ≈ 7 % away),
+  so a per-cell rule at a 2 % tolerance cannot tell a policy from its own noise; a group of
+  seeds can.
 - ``ttft_pareto``: mean imbalance and loaded throughput against TTFT P99 as ``ttft_slo_s`` moves,
   for the BR rows (the knob) and the baselines (one point each).
 - ``ttft_open_loop``: TTFT P50/P99, TPOT P95 and imbalance at 0.7, 0.9 and 1.0 of capacity.
@@ -28,6 +35,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import replace
 from functools import lru_cache
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -41,6 +49,10 @@ __all__ = [
     "RULES",
     "declare_quality",
     "paper_lines",
+    "draw_powered",
+    "paired_interval",
+    "powered_lines",
+    "powered_ratios",
     "quality_section",
     "rule_violations",
     "run_quality_cell",
@@ -76,6 +88,15 @@ RULES = {
 """Per-cell acceptance rules of the matrix (mean imbalance unless said otherwise)."""
 
 
+GENERATED = ("servegen-r1", "azure-2024", "azure-2024-long")
+"""The workloads drawn from a generator (a seed gives a new draw); the others replay a trace."""
+
+HELD_OUT_SEEDS = {"full": tuple(range(1000, 1020)), "quick": tuple(range(1000, 1006))}
+"""Seeds of the ``quality_seeds`` experiment: held out from everything else — the matrix draws
+0–4, the training sweeps and probes behind the defaults draw seeds below 1,000
+(``sweep_defaults``: 11–20) — so its verdicts are a test of the shipped defaults, not a fit."""
+
+
 def _grid(profile: str) -> dict[str, Any]:
     if profile == "full":
         return dict(workloads=("azure-2024-long", "servegen-r1", "mooncake-conv", "azure-conv-2023"),
@@ -83,22 +104,25 @@ def _grid(profile: str) -> dict[str, Any]:
                                     "azure-conv-2023", "azure-code-2023", "azure-2024"),
                     replicas=(8, 16), requests=(3_000, 20_000), seeds=(0, 1, 2, 3, 4),
                     loads=(0.5, 0.8, 1.0, 1.2), open_requests=6_000, pareto_requests=3_000,
-                    knob=PARETO_KNOB, ttft_loads=(0.7, 0.9, 1.0))
+                    knob=PARETO_KNOB, ttft_loads=(0.7, 0.9, 1.0),
+                    power_workloads=("azure-2024-long", "servegen-r1"),
+                    power_open_workloads=GENERATED, power_replicas=(8, 16),
+                    power_requests=(3_000, 20_000))
     if profile == "quick":
         return dict(workloads=("azure-2024-long", "servegen-r1", "mooncake-conv", "azure-conv-2023"),
                     open_workloads=("servegen-r1", "mooncake-conv", "azure-conv-2023"),
                     replicas=(8,), requests=(3_000,), seeds=(0,), loads=(0.5, 1.0),
                     open_requests=3_000, pareto_requests=3_000, knob=("off", 1.0, 4.0, 16.0),
-                    ttft_loads=(0.7, 1.0))
+                    ttft_loads=(0.7, 1.0), power_workloads=("azure-2024-long", "servegen-r1"),
+                    power_open_workloads=("servegen-r1",), power_replicas=(8,),
+                    power_requests=(3_000,))
     raise ValueError(f"{profile=} must be 'quick' or 'full'")
 
 
-GENERATED = ("servegen-r1", "azure-2024", "azure-2024-long")
-
-
 def declare_quality(profile: str, available: Iterable[str], *, code: str = "") -> dict[str, list[Cell]]:
-    """The three experiments' cells for ``profile`` (``quick`` or ``full``), restricted to the
-    ``available`` policies. Replays (fixed traces) run seed 0 only."""
+    """The four experiments' cells for ``profile`` (``quick`` or ``full``), restricted to the
+    ``available`` policies. Replays (fixed traces) run seed 0 only, and are not in
+    ``quality_seeds`` (a replay has one draw)."""
     g = _grid(profile)
     have = [p for p in QUALITY_POLICIES if p in set(available)]
     sat = [
@@ -133,7 +157,20 @@ def declare_quality(profile: str, available: Iterable[str], *, code: str = "") -
     ]
     twins = [replace(c, options=(*c.options, ("twin", t))) for c in sat + opn if c.policy == "br0"
              for t in TWINS]
-    return {"quality": sat + opn + twins, "ttft_pareto": pareto, "ttft_open_loop": ttft_open}
+    seeds = HELD_OUT_SEEDS[profile]
+    powered = [
+        Cell(experiment="quality_seeds", kind="quality", workload=w, policy=p, replicas=G,
+             requests=n, seed=s, code=code, options=(("load", "saturated"),))
+        for w in g["power_workloads"] for G in g["power_replicas"] for n in g["power_requests"]
+        for s in seeds for p in have
+    ] + [
+        Cell(experiment="quality_seeds", kind="quality", workload=w, policy=p, replicas=G,
+             requests=g["open_requests"], seed=s, code=code, options=(("load", rho),))
+        for w in g["power_open_workloads"] for G in g["power_replicas"] for rho in g["loads"]
+        for s in seeds for p in have
+    ]
+    return {"quality": sat + opn + twins, "ttft_pareto": pareto, "ttft_open_loop": ttft_open,
+            "quality_seeds": powered}
 
 
 @lru_cache(maxsize=8)
@@ -405,6 +442,206 @@ def seed_lines(cells: dict[tuple, dict[str, dict]]) -> list[str]:
     return out + [""]
 
 
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile ``t_p(df)`` from the normal one by its Cornish–Fisher expansion
+    (Abramowitz & Stegun 26.7.5): at p = 0.975 within 3e-4 of the exact value for df ≥ 5 and
+    1e-4 for df ≥ 9 (no SciPy needed; a test checks table values)."""
+    if df < 1 or not 0.5 <= p < 1:
+        raise ValueError(f"{df=} must be >= 1 and {p=} in [0.5, 1)")
+    z = NormalDist().inv_cdf(p)
+    g = ((z**3 + z) / 4,
+         (5 * z**5 + 16 * z**3 + 3 * z) / 96,
+         (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
+         (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160)
+    return z + sum(gk / df ** (k + 1) for k, gk in enumerate(g))
+
+
+def paired_interval(ratios: Iterable[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Geometric mean of paired ratios x_s (one per seed) and its ``level`` confidence interval:
+    the Student t interval of mean(ln x) — exp(m ± t·sd/√n). With one ratio the interval is
+    (nan, nan): nothing is decided."""
+    r = np.asarray(list(ratios), dtype=np.float64)
+    if r.shape[0] == 0 or not np.all(np.isfinite(r) & (r > 0)):
+        raise ValueError("paired_interval needs at least one finite, positive ratio")
+    x = np.log(r)
+    m = float(x.mean())
+    if x.shape[0] < 2:
+        return math.exp(m), math.nan, math.nan
+    h = t_quantile(0.5 + level / 2, x.shape[0] - 1) * float(x.std(ddof=1)) / math.sqrt(x.shape[0])
+    return math.exp(m), math.exp(m - h), math.exp(m + h)
+
+
+def verdict(lo: float, hi: float) -> str:
+    """``holds`` when the interval of a ratio to its bound lies at or below 1, ``breaks`` when it
+    lies above 1, else ``undecided``."""
+    if hi <= 1.0:
+        return "holds"
+    if lo > 1.0:
+        return "breaks"
+    return "undecided"
+
+
+POWERED = (*(name for name in RULES if name != "throughput_ranks_like_imbalance"),)
+"""The imbalance rules :func:`powered_lines` judges per group (the throughput rule has its own
+test there)."""
+
+
+def seed_groups(rows: Iterable[dict]) -> dict[tuple, list[dict[str, dict]]]:
+    """Cells grouped over their seeds: (workload, G, requests, load) → one policy → row map per
+    seed, in seed order."""
+    groups: dict[tuple, list[tuple[int, dict[str, dict]]]] = defaultdict(list)
+    for (w, g, n, seed, load), by in cells_of(rows).items():
+        groups[(w, g, n, load)].append((seed, by))
+    return {k: [by for _, by in sorted(v, key=lambda sb: sb[0])] for k, v in groups.items()}
+
+
+def _throughput_test(runs: list[dict[str, dict]]) -> tuple[int, int, int]:
+    """Over one group's seeds, the pairs of rows whose imbalance order is decided (interval of
+    the ratio clear of 1): how many, how many have a throughput order decided the same way (less
+    imbalance, more throughput) and how many decided the opposite way."""
+    names = sorted(set.intersection(*(set(by) for by in runs)))
+    decided = same = opposite = 0
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            _, ilo, ihi = paired_interval(float(by[a]["mean_imbalance"]) / float(by[b]["mean_imbalance"])
+                                          for by in runs)
+            _, tlo, thi = paired_interval(float(by[a]["throughput_loaded_tok_s"])
+                                          / float(by[b]["throughput_loaded_tok_s"]) for by in runs)
+            if not (ihi < 1 or ilo > 1):
+                continue
+            decided += 1
+            less = ihi < 1  # a has the lower imbalance
+            same += (tlo > 1) if less else (thi < 1)
+            opposite += (thi < 1) if less else (tlo > 1)
+    return decided, same, opposite
+
+
+LEASE = "best_br<=bfio-h0-lease"
+"""Beside the rules in :func:`powered_ratios`: the best BR row against BF-IO-H0 held to the same
+KV lease (context, not a rule of the issue)."""
+
+
+def _group_label(key: tuple) -> str:
+    w, g, n, load = key
+    return f"{w} G={g} n={n:,} " + ("saturated" if load == "saturated" else f"{float(load):g}×")
+
+
+def powered_ratios(rows: Iterable[dict], *, level: float = 0.95) -> dict[tuple, dict[str, tuple]]:
+    """Per group with at least two seeds (:func:`seed_groups`): each rule of :data:`POWERED` (and
+    :data:`LEASE`) that applies → (geometric mean over the seeds of the ratio to its bound, the
+    interval's low and high end — :func:`paired_interval`)."""
+    out: dict[tuple, dict[str, tuple]] = {}
+    for key, runs in seed_groups(rows).items():
+        if len(runs) < 2:
+            continue
+        per_seed = []
+        for by in runs:
+            imb = {p: float(r["mean_imbalance"]) for p, r in by.items()}
+            rules = {k: v[0] for k, v in _imbalance_rules(imb).items()}
+            best = [imb[p] for p in ("br0", "brh-survival") if p in imb]
+            if best and imb.get("bfio-h0-lease", 0) > 0:
+                rules[LEASE] = min(best) / imb["bfio-h0-lease"]
+            per_seed.append(rules)
+        out[key] = {rule: paired_interval([d[rule] for d in per_seed if rule in d], level)
+                    for rule in (*POWERED, LEASE)
+                    if sum(rule in d for d in per_seed) > 1}
+    return out
+
+
+def powered_lines(rows: list[dict], *, level: float = 0.95) -> list[str]:
+    """The rules judged per group of seeds (module docstring, ``quality_seeds``): a table of each
+    rule's ratio to its bound — geometric mean over the seeds (interval) and verdict — with best
+    BR ÷ bfio-h0-lease beside it, then per rule how many groups it holds, breaks or leaves
+    undecided in, naming the groups where it breaks."""
+    groups = seed_groups(rows)
+    ratios = powered_ratios(rows, level=level)
+    if not ratios:
+        return []
+    pct = f"{100 * level:g} %"
+    head = ["group", "seeds", *(RULES[r] for r in POWERED), "best BR ÷ bfio-h0-lease",
+            "throughput vs imbalance"]
+    out = [f"Ratio to each rule's bound (≤ 1 keeps it): geometric mean over the seeds, its {pct} "
+           "confidence interval, and the verdict (holds: the interval is at or below 1; breaks: "
+           "above 1; undecided: it straddles 1). Throughput: of the pairs of rows whose imbalance "
+           "order is decided, how many have throughput decided the same way and the opposite way.",
+           "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    tally: dict[str, dict[str, list[str]]] = {r: defaultdict(list) for r in (*POWERED, "thr")}
+    for key in sorted(ratios, key=str):
+        where, cols = _group_label(key), []
+        for rule in (*POWERED, LEASE):
+            if rule not in ratios[key]:
+                cols.append("—")
+                continue
+            gm, lo, hi = ratios[key][rule]
+            v = verdict(lo, hi)
+            if rule != LEASE:
+                tally[rule][v].append(f"{where}: {gm:.3f} ({lo:.3f}–{hi:.3f})")
+            cols.append(f"{gm:.3f} ({lo:.3f}–{hi:.3f}) {v}")
+        decided, same, opposite = _throughput_test(groups[key])
+        tally["thr"]["breaks" if opposite else "holds"].append(
+            f"{where}: {opposite} of {decided} decided pairs opposite")
+        cols.append(f"{same} / {opposite} of {decided}")
+        out.append(f"| {where} | {len(groups[key])} | " + " | ".join(cols) + " |")
+    out.append("")
+    for rule in (*POWERED, "thr"):
+        t = tally[rule]
+        total = sum(len(v) for v in t.values())
+        name = RULES["throughput_ranks_like_imbalance"] if rule == "thr" else RULES[rule]
+        out.append(f"- {name}: holds in {len(t['holds'])}, undecided in {len(t['undecided'])}, "
+                   f"breaks in {len(t['breaks'])} of {total} groups")
+        out += [f"  - breaks: {line}" for line in t["breaks"]]
+    return out
+
+
+def draw_powered(rows: list[dict], path, *, level: float = 0.95):
+    """A forest plot of :func:`powered_ratios`: one panel per rule (and best BR ÷ bfio-h0-lease),
+    one line per group — the geometric mean and its interval on a log axis, coloured by verdict,
+    the bound at 1."""
+    from pathlib import Path
+
+    import matplotlib
+
+    ratios = powered_ratios(rows, level=level)
+    if not ratios:
+        return None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    keys = sorted(ratios, key=str)
+    panels = [r for r in (*POWERED, LEASE) if any(r in ratios[k] for k in keys)]
+    titles = {**RULES, LEASE: "min(br0, brh-survival) ≤ bfio-h0-lease"}
+    color = {"holds": "tab:green", "undecided": "tab:gray", "breaks": "tab:red"}
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.3 * len(panels), 0.22 * len(keys) + 1.4),
+                             sharey=True, squeeze=False)
+    for ax, rule in zip(axes[0], panels):
+        for y, key in enumerate(keys):
+            if rule not in ratios[key]:
+                continue
+            gm, lo, hi = ratios[key][rule]
+            ax.errorbar(gm, y, xerr=[[gm - lo], [hi - gm]], fmt="o", ms=3, lw=1,
+                        color=color[verdict(lo, hi)])
+        ax.axvline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(FixedLocator([0.25, 0.5, 0.7, 1.0, 1.4, 2.0]))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(titles[rule], fontsize=8)
+        ax.set_xlabel("ratio to the bound", fontsize=8)
+        ax.grid(alpha=0.3, axis="x")
+        ax.tick_params(labelsize=7)
+    axes[0][0].set_yticks(range(len(keys)), [_group_label(k) for k in keys])
+    axes[0][0].invert_yaxis()
+    fig.suptitle(f"Held-out seeds: geometric mean and {100 * level:g} % interval "
+                 "(green holds, grey undecided, red breaks)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def context_lines(rows: list[dict], *,
                   violations: dict[str, list[tuple[tuple, str]]] | None = None) -> list[str]:
     """What the rule counts alone do not say (both read from the rows, no constants):
@@ -458,11 +695,11 @@ def context_lines(rows: list[dict], *,
     known = missed("bfio-h0")
     if known:
         over = [m for m in known if m > 0]
-        mine = missed("br0")
+        br0_missed = missed("br0")
         out.append(f"- Of the {len(beaten)} cells where bfio-h0 beats the best BR row, in "
                    f"{len(over)} it keeps requests waiting past the {KV_LEASE_S:g} s KV lease"
-                   + (f" ({_share(over)} of them" + (f"; br0 {_share(mine)} in the same cells"
-                                                      if mine else "") + ")" if over else "")
+                   + (f" ({_share(over)} of them" + (f"; br0 {_share(br0_missed)} in the same cells"
+                                                      if br0_missed else "") + ")" if over else "")
                    + "; br0 and brh-* place such requests first when a slot is free (their pool "
                    "deadline)")
     return out
@@ -523,6 +760,18 @@ def quality_section(data: dict[str, list[dict]], figures: dict[str, str]) -> str
             parts += ["Next to the paper's Table 1 (G = 8, saturated; the paper measured 910C NPUs "
                       "on its own request sets, we simulate the bundled stand-ins, so compare the "
                       "ratios, not the tokens):\n", *side, ""]
+    seeds = data.get("quality_seeds", [])
+    if seeds:
+        runs = seed_groups(seeds)
+        n_seeds = sorted({len(v) for v in runs.values()})
+        parts += ["## Decision quality over held-out seeds\n",
+                  f"The matrix's rules judged per group (workload × G × requests × load) over "
+                  f"{'/'.join(map(str, n_seeds))} seeds drawn by no training run "
+                  "(`balanceroute quality --experiment quality_seeds`): a single cell cannot tell "
+                  "a policy from its own noise, a group of seeds can.\n",
+                  *powered_lines(seeds), ""]
+        if "quality_seeds" in figures:
+            parts.append(f"![The rules over held-out seeds]({figures['quality_seeds']})\n")
     pareto = data.get("ttft_pareto", [])
     if pareto:
         parts += ["## Time to first token: the `ttft_slo_s` trade-off\n",
@@ -592,8 +841,10 @@ def add_quality_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``balanceroute quality``."""
     p.add_argument("--full", action="store_true",
                    help="the full matrix (48 saturated + 48 open-loop cells; long) instead of the quick one")
-    p.add_argument("--experiment", choices=("quality", "ttft_pareto", "ttft_open_loop"),
-                   default="quality", help="which grid to run (default: %(default)s)")
+    p.add_argument("--experiment", choices=("quality", "quality_seeds", "ttft_pareto",
+                                            "ttft_open_loop"),
+                   default="quality", help="which grid to run; quality_seeds judges the rules per "
+                   "group over held-out seeds (default: %(default)s)")
     p.add_argument("--policies", default=None,
                    help="only these rows, comma-separated (default: all of " + ",".join(QUALITY_POLICIES) + ")")
     p.add_argument("--jobs", type=int, default=1, help="local worker processes (default: 1)")
@@ -635,7 +886,9 @@ def run_quality(args: argparse.Namespace) -> int:
     rows = grid.rows
     if args.csv:
         write_csv(rows, args.csv)
-    if args.experiment == "quality":
+    if args.experiment == "quality_seeds":
+        print("\n".join(powered_lines(rows)))
+    elif args.experiment == "quality":
         print("\n".join(matrix_lines(rows)))
         print()
         print("\n".join(rules_lines(rows, details=1000)))

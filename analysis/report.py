@@ -28,7 +28,7 @@ _B_MS, _A_US = 1e3 * StepModel().b, 1e6 * StepModel().a  # the default step mode
 _DEADLINE_S = BR0Policy().deadline_s
 
 EXPERIMENTS = ("table1", "table1_calibrated", "scaling", "step_model", "slots", "tick_timing", "tick_gap",
-               "clairvoyant_gap", "competitive_ratio", "balls_into_bins", "quality", "ttft_pareto",
+               "clairvoyant_gap", "competitive_ratio", "balls_into_bins", "quality", "quality_seeds", "ttft_pareto",
                "ttft_open_loop")
 
 LABEL = {

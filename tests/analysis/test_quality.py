@@ -5,16 +5,22 @@ import math
 import pytest
 
 from balanceroute.analysis.quality import (
+    GENERATED,
+    HELD_OUT_SEEDS,
     QUALITY_POLICIES,
     context_lines,
     declare_quality,
     floor_lines,
     matrix_lines,
     noise_floors,
+    paired_interval,
     paper_lines,
+    powered_lines,
     rule_violations,
     run_quality_cell,
     saturated_capacity,
+    t_quantile,
+    verdict,
 )
 from balanceroute.analysis.sweep import Cell
 
@@ -173,3 +179,88 @@ def test_paper_lines_put_the_headline_cells_next_to_table_1():
     # √(0.25 × 1.0) = 0.5; the paper's 23,577 ÷ 51,927 = 0.45
     assert oracle == "|  | brh-oracle | 23,577 | 0.45 | 112 | 0.50 (0.25–1.00) |"
     assert paper_lines(_rows({**head, "workload": "mooncake-conv", "seed": 0}, br0=1.0)) == []
+
+
+# ------------------------------------------------------------------ the rules over held-out seeds
+
+
+@pytest.mark.parametrize(("df", "exact"), [(5, 2.570582), (9, 2.262157), (19, 2.093024),
+                                           (29, 2.045230), (100, 1.983972)])
+def test_t_quantile_matches_the_table(df, exact):
+    assert t_quantile(0.975, df) == pytest.approx(exact, abs=3e-4 if df < 9 else 1e-4)
+
+
+def test_paired_interval_is_the_t_interval_of_the_log_ratios():
+    # five ratios e^0.1 and five e^-0.1: mean 0, sd 0.1·√(10/9), se 0.1/3, t_0.975(9) = 2.262157
+    gm, lo, hi = paired_interval([math.exp(0.1), math.exp(-0.1)] * 5)
+    assert gm == pytest.approx(1.0)
+    assert (lo, hi) == pytest.approx((math.exp(-2.262157 * 0.1 / 3), math.exp(2.262157 * 0.1 / 3)),
+                                     rel=1e-4)
+    assert paired_interval([1.1] * 4) == pytest.approx((1.1, 1.1, 1.1))  # no spread: a point
+    one = paired_interval([0.7])
+    assert one[0] == pytest.approx(0.7) and math.isnan(one[1]) and math.isnan(one[2])
+    with pytest.raises(ValueError, match="positive ratio"):
+        paired_interval([1.0, 0.0])
+    assert [verdict(0.8, 1.0), verdict(1.01, 1.2), verdict(0.9, 1.1)] == ["holds", "breaks", "undecided"]
+    assert verdict(math.nan, math.nan) == "undecided"
+
+
+def test_powered_lines_judge_each_rule_per_group_of_seeds():
+    spread = [1.0, 1.1, 0.9, 1.05, 0.95]  # seed-to-seed noise shared by every row of a seed
+    rows = []
+    for s, f in enumerate(spread):
+        a = dict(workload="w", replicas=8, requests=3000, seed=100 + s, load="saturated")
+        b = {**a, "load": 0.5}
+        # a: oracle always half of br0 (holds), survival 1.02·br0 × 1.03 or 0.99 (undecided; above
+        # br0, so br0 is the best BR row), bfio-h0 always 10 % under br0 (breaks), least_load
+        # twice br0 (holds)
+        rows += _rows(a, least_load=200 * f, jsq=300 * f, **{
+            "bfio-h0": 90 * f, "bfio-h0-lease": 100 * f, "br0": 100 * f,
+            "brh-survival": 102 * f * (1.03 if s % 2 else 0.99), "brh-oracle": 50 * f})
+        # b: br0 has less imbalance than least_load and, every seed, less throughput too
+        rows += _rows(b, least_load=200 * f, br0=100 * f)
+        rows[-1]["throughput_loaded_tok_s"] = rows[-2]["throughput_loaded_tok_s"] * 0.9
+    lines = powered_lines(rows)
+    table = [line for line in lines if line.startswith("| w ")]
+    assert table[0].startswith("| w G=8 n=3,000 0.5× | 5 |")
+    assert table[1].startswith("| w G=8 n=3,000 saturated | 5 | 0.500 (0.500–0.500) holds | ")
+    assert "undecided | 1.111 (1.111–1.111) breaks | 0.500 (0.500–0.500) holds | " \
+           "1.000 (1.000–1.000) holds" in table[1]
+    assert table[0].endswith("| 0 / 1 of 1 |")  # the one decided pair, the wrong way round
+    assert "- brh-oracle ≤ br0: holds in 1, undecided in 0, breaks in 0 of 1 groups" in lines
+    assert "- min(br0, brh-survival) ≤ bfio-h0: holds in 0, undecided in 0, breaks in 1 of 1 " \
+           "groups" in lines
+    assert "  - breaks: w G=8 n=3,000 saturated: 1.111 (1.111–1.111)" in lines
+    assert "  - breaks: w G=8 n=3,000 0.5×: 1 of 1 decided pairs opposite" in lines
+    # one seed per group decides nothing: no lines at all
+    assert powered_lines([r for r in rows if r["seed"] == 100]) == []
+
+
+def test_the_forest_plot_draws_every_group(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot extra draws the figure")
+    from balanceroute.analysis.quality import draw_powered
+
+    rows = []
+    for s, f in enumerate([1.0, 1.1, 0.9]):
+        for load in ("saturated", 0.5):
+            rows += _rows(dict(workload="w", replicas=8, requests=3000, seed=s, load=load),
+                          least_load=200 * f, **{"br0": 100 * f, "brh-oracle": 60 * f})
+    path = draw_powered(rows, tmp_path / "seeds.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    assert draw_powered(rows[:3], tmp_path / "none.png") is None  # one seed: nothing to draw
+
+
+def test_held_out_seeds_are_drawn_by_nothing_else():
+    for profile in ("quick", "full"):
+        grids = declare_quality(profile, QUALITY_POLICIES)
+        cells = grids["quality_seeds"]
+        assert {c.seed for c in cells} == set(HELD_OUT_SEEDS[profile])
+        assert min(HELD_OUT_SEEDS[profile]) >= 1000  # training draws stay below 1,000
+        others = {c.seed for name, g in grids.items() if name != "quality_seeds" for c in g}
+        assert others.isdisjoint(HELD_OUT_SEEDS[profile])
+        assert {c.workload for c in cells} <= set(GENERATED)  # a replay has a single draw
+        assert {c.policy for c in cells} == set(QUALITY_POLICIES)
+    full = declare_quality("full", QUALITY_POLICIES)["quality_seeds"]
+    groups = {(c.workload, c.replicas, c.requests, c.option("load")) for c in full}
+    # saturated: 2 workloads × 2 G × 2 sizes; open loop: 3 generated workloads × 2 G × 4 loads
+    assert len(groups) == 8 + 24 and len(full) == len(groups) * 20 * len(QUALITY_POLICIES)
