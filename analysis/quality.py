@@ -94,7 +94,15 @@ GENERATED = ("servegen-r1", "azure-2024", "azure-2024-long")
 HELD_OUT_SEEDS = {"full": tuple(range(1000, 1020)), "quick": tuple(range(1000, 1006))}
 """Seeds of the ``quality_seeds`` experiment: held out from everything else — the matrix draws
 0–4, the training sweeps and probes behind the defaults draw seeds below 1,000
-(``sweep_defaults``: 11–20) — so its verdicts are a test of the shipped defaults, not a fit."""
+(``sweep_defaults``: 11–20, 100–115) — so its verdicts are a test of the shipped defaults, not a
+fit."""
+
+REPLAY_THIN = 0.9
+"""A replay (a fixed trace) has one draw; ``quality_seeds`` makes one per seed by keeping each of
+its requests with this chance (``np.random.default_rng(seed)``; order and arrival times kept),
+then splitting it as every cell does. The draws share most requests, so their spread is the
+trajectory's sensitivity to a small change of the same trace — what decides whether a per-cell
+break is the policy or the noise — not the spread of a population of traces."""
 
 
 def _grid(profile: str) -> dict[str, Any]:
@@ -105,9 +113,11 @@ def _grid(profile: str) -> dict[str, Any]:
                     replicas=(8, 16), requests=(3_000, 20_000), seeds=(0, 1, 2, 3, 4),
                     loads=(0.5, 0.8, 1.0, 1.2), open_requests=6_000, pareto_requests=3_000,
                     knob=PARETO_KNOB, ttft_loads=(0.7, 0.9, 1.0),
-                    power_workloads=("azure-2024-long", "servegen-r1"),
-                    power_open_workloads=GENERATED, power_replicas=(8, 16),
-                    power_requests=(3_000, 20_000))
+                    power_workloads=("azure-2024-long", "servegen-r1", "mooncake-conv",
+                                     "azure-conv-2023"),
+                    power_open_workloads=("azure-2024-long", "servegen-r1", "mooncake-conv",
+                                          "azure-conv-2023", "azure-code-2023", "azure-2024"),
+                    power_replicas=(8, 16), power_requests=(3_000, 20_000))
     if profile == "quick":
         return dict(workloads=("azure-2024-long", "servegen-r1", "mooncake-conv", "azure-conv-2023"),
                     open_workloads=("servegen-r1", "mooncake-conv", "azure-conv-2023"),
@@ -121,8 +131,8 @@ def _grid(profile: str) -> dict[str, Any]:
 
 def declare_quality(profile: str, available: Iterable[str], *, code: str = "") -> dict[str, list[Cell]]:
     """The four experiments' cells for ``profile`` (``quick`` or ``full``), restricted to the
-    ``available`` policies. Replays (fixed traces) run seed 0 only, and are not in
-    ``quality_seeds`` (a replay has one draw)."""
+    ``available`` policies. Replays (fixed traces) run seed 0 only, except in ``quality_seeds``,
+    where each held-out seed thins them (:data:`REPLAY_THIN`)."""
     g = _grid(profile)
     have = [p for p in QUALITY_POLICIES if p in set(available)]
     sat = [
@@ -158,14 +168,18 @@ def declare_quality(profile: str, available: Iterable[str], *, code: str = "") -
     twins = [replace(c, options=(*c.options, ("twin", t))) for c in sat + opn if c.policy == "br0"
              for t in TWINS]
     seeds = HELD_OUT_SEEDS[profile]
+
+    def thin(w: str) -> tuple[tuple[str, float], ...]:
+        return () if w in GENERATED else (("thin", REPLAY_THIN),)
+
     powered = [
         Cell(experiment="quality_seeds", kind="quality", workload=w, policy=p, replicas=G,
-             requests=n, seed=s, code=code, options=(("load", "saturated"),))
+             requests=n, seed=s, code=code, options=(("load", "saturated"), *thin(w)))
         for w in g["power_workloads"] for G in g["power_replicas"] for n in g["power_requests"]
         for s in seeds for p in have
     ] + [
         Cell(experiment="quality_seeds", kind="quality", workload=w, policy=p, replicas=G,
-             requests=g["open_requests"], seed=s, code=code, options=(("load", rho),))
+             requests=g["open_requests"], seed=s, code=code, options=(("load", rho), *thin(w)))
         for w in g["power_open_workloads"] for G in g["power_replicas"] for rho in g["loads"]
         for s in seeds for p in have
     ]
@@ -174,21 +188,25 @@ def declare_quality(profile: str, available: Iterable[str], *, code: str = "") -
 
 
 @lru_cache(maxsize=8)
-def _load(workload: str, requests: int, seed: int):
+def _load(workload: str, requests: int, seed: int, thin: float | None = None):
     from balanceroute.core.workloads import load_workload
 
     w = load_workload(workload, requests=requests, seed=seed)
+    if thin is not None:  # a draw of a replay (REPLAY_THIN): each request kept with this chance
+        keep = np.random.default_rng(seed).random(len(w)) < thin
+        w = w.take(np.flatnonzero(keep))
     cut = len(w) // 2
     return w.take(np.arange(cut)), w.take(np.arange(cut, len(w)))
 
 
 @lru_cache(maxsize=32)
-def saturated_capacity(workload: str, requests: int, seed: int, replicas: int, slots: int) -> float:
+def saturated_capacity(workload: str, requests: int, seed: int, replicas: int, slots: int,
+                       thin: float | None = None) -> float:
     """Requests per second JSQ sustains saturated on the test half (module docstring)."""
     from balanceroute.core.policies import get_policy
     from balanceroute.core.simulator import SimConfig, simulate
 
-    _, test = _load(workload, requests, seed)
+    _, test = _load(workload, requests, seed, thin)
     m = simulate(test, get_policy("jsq"), SimConfig(num_replicas=replicas, slots=slots)).metrics
     return float(m["throughput_loaded_tok_s"] / test.output_len.mean())
 
@@ -198,7 +216,9 @@ def run_quality_cell(cell: Cell) -> list[dict[str, Any]]:
     from balanceroute.catalogue import build_policy
     from balanceroute.core.simulator import SimConfig, simulate
 
-    train, test = _load(cell.workload, int(cell.requests or 3_000), cell.seed)
+    thin = cell.option("thin", None)
+    train, test = _load(cell.workload, int(cell.requests or 3_000), cell.seed,
+                        None if thin is None else float(thin))
     load = cell.option("load", "saturated")
     params: dict[str, Any] = {}
     knob = cell.option("ttft_slo_s", None)
@@ -217,7 +237,7 @@ def run_quality_cell(cell: Cell) -> list[dict[str, Any]]:
         config = SimConfig(num_replicas=cell.replicas, slots=cell.slots, check_assignments=False)
     else:
         cap = saturated_capacity(cell.workload, int(cell.requests or 3_000), cell.seed,
-                                 cell.replicas, cell.slots)
+                                 cell.replicas, cell.slots, None if thin is None else float(thin))
         span = float(test.arrival_s.max() - test.arrival_s.min())
         native = (len(test) - 1) / span if span > 0 else math.inf
         scale = float(load) * cap / native

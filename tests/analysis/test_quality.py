@@ -2,12 +2,14 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from balanceroute.analysis.quality import (
     GENERATED,
     HELD_OUT_SEEDS,
     QUALITY_POLICIES,
+    REPLAY_THIN,
     context_lines,
     declare_quality,
     floor_lines,
@@ -258,9 +260,31 @@ def test_held_out_seeds_are_drawn_by_nothing_else():
         assert min(HELD_OUT_SEEDS[profile]) >= 1000  # training draws stay below 1,000
         others = {c.seed for name, g in grids.items() if name != "quality_seeds" for c in g}
         assert others.isdisjoint(HELD_OUT_SEEDS[profile])
-        assert {c.workload for c in cells} <= set(GENERATED)  # a replay has a single draw
+        # a generated workload draws anew per seed; a replay is thinned per seed
+        assert all((c.option("thin") is None) == (c.workload in GENERATED) for c in cells)
+        assert {c.option("thin") for c in cells} <= {None, REPLAY_THIN}
         assert {c.policy for c in cells} == set(QUALITY_POLICIES)
-    full = declare_quality("full", QUALITY_POLICIES)["quality_seeds"]
-    groups = {(c.workload, c.replicas, c.requests, c.option("load")) for c in full}
-    # saturated: 2 workloads × 2 G × 2 sizes; open loop: 3 generated workloads × 2 G × 4 loads
-    assert len(groups) == 8 + 24 and len(full) == len(groups) * 20 * len(QUALITY_POLICIES)
+    full = declare_quality("full", QUALITY_POLICIES)
+    matrix = {(c.workload, c.replicas, c.requests, c.option("load")) for c in full["quality"]}
+    groups = {(c.workload, c.replicas, c.requests, c.option("load")) for c in full["quality_seeds"]}
+    assert groups == matrix  # every cell shape of the matrix, as a group of 20 draws
+    assert len(groups) == 16 + 48
+    assert len(full["quality_seeds"]) == len(groups) * 20 * len(QUALITY_POLICIES)
+
+
+def test_a_thinned_replay_is_a_new_draw_of_the_same_trace():
+    from balanceroute.analysis.quality import _load
+
+    whole = _load("azure-conv-2023", 2000, 0)
+    a, b = _load("azure-conv-2023", 2000, 1000, REPLAY_THIN), _load("azure-conv-2023", 2000, 1001, REPLAY_THIN)
+    n = len(whole[0]) + len(whole[1])
+    for train, test in (a, b):
+        assert 0.85 * n < len(train) + len(test) < 0.95 * n and abs(len(train) - len(test)) <= 1
+        assert np.all(np.diff(test.arrival_s) >= 0)  # order and arrival times kept
+    assert not np.array_equal(a[1].prompt_len[:50], b[1].prompt_len[:50])  # two draws differ
+    assert _load("azure-conv-2023", 2000, 1000, REPLAY_THIN)[1] is a[1]  # cached, same draw
+    base = dict(experiment="quality_seeds", kind="quality", workload="azure-conv-2023",
+                policy="br0", replicas=4, slots=8, requests=600, seed=1000)
+    thinned = run_quality_cell(Cell(options=(("load", 0.5), ("thin", REPLAY_THIN)), **base))[0]
+    plain = run_quality_cell(Cell(options=(("load", 0.5),), **base))[0]
+    assert thinned["capacity_rps"] != plain["capacity_rps"]  # the capacity of the thinned draw
