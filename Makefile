@@ -27,7 +27,7 @@ $(VENV)/.installed-all: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed-base
 install-all: $(VENV)/.installed-all
 
-# Main job: every table and figure next to the paper's, quick mode (341 cells; 4-5 minutes on a quiet 2-core machine),
+# Main job: every table and figure next to the paper's, quick mode (509 cells; a few minutes on a 2-core machine),
 # written to papers/reproduction/quick/ (REPORT.md, data/*.csv, figures/*.png).
 reproduce: $(VENV)/.installed-all
 	$(BIN)/balanceroute reproduce --quick
