@@ -606,6 +606,8 @@ def powered_lines(rows: list[dict], *, level: float = 0.95) -> list[str]:
     for rule in (*POWERED, "thr"):
         t = tally[rule]
         total = sum(len(v) for v in t.values())
+        if not total:  # a rule whose rows were not run (``--policies``)
+            continue
         name = RULES["throughput_ranks_like_imbalance"] if rule == "thr" else RULES[rule]
         out.append(f"- {name}: holds in {len(t['holds'])}, undecided in {len(t['undecided'])}, "
                    f"breaks in {len(t['breaks'])} of {total} groups")

@@ -236,6 +236,10 @@ def test_powered_lines_judge_each_rule_per_group_of_seeds():
     assert "  - breaks: w G=8 n=3,000 0.5×: 1 of 1 decided pairs opposite" in lines
     # one seed per group decides nothing: no lines at all
     assert powered_lines([r for r in rows if r["seed"] == 100]) == []
+    # rows not run (--policies br0,bfio-h0): their rules get a dash and no tally line
+    some = powered_lines([r for r in rows if r["policy"] in ("br0", "bfio-h0")])
+    assert not any(line.startswith("- brh-oracle") for line in some)
+    assert "| — | — | 1.111 (1.111–1.111) breaks | — | — |" in "".join(some)
 
 
 def test_the_forest_plot_draws_every_group(tmp_path):
