@@ -420,7 +420,9 @@ def rules_lines(rows: list[dict], *, details: int = 6) -> list[str]:
         out += [f"  - {_fmt_key(k)}: {why}" for k, why in cells[:details]]
         if len(cells) > details:
             out.append(f"  - … {len(cells) - details} more")
-    return out + context_lines(rows, violations=bad)
+    return out + context_lines(rows, violations=bad) + [
+        "- Each cell is one trajectory (see the noise floor): `balanceroute quality --full "
+        "--experiment quality_seeds` judges these rules per cell shape over 20 held-out draws."]
 
 
 def _share(values: list[float]) -> str:
