@@ -181,11 +181,13 @@ def per_label(samples: list[tuple[str, dict[str, str], float]], name: str, label
     return out
 
 
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0,
+               describe: Callable[[], str] | None = None) -> None:
     end = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what}"
+                                 + (f" ({describe()})" if describe is not None else ""))
         time.sleep(0.1)
 
 
@@ -381,7 +383,6 @@ class TestTwoServers:
 
     def test_concurrent_requests_account_exactly(self, two_servers: Cluster) -> None:
         generated, relayed = two_servers.generated(), two_servers.relayed()
-        before = [metric(scrape(u), "vllm:generation_tokens_total") for u in two_servers.upstreams]
         jobs = [(api, stream, "continuous" if stream else None, 20 + 3 * k)
                 for k, (api, stream) in enumerate([(a, s) for a in ("completions", "chat")
                                                    for s in (True, False)] * 2)]
@@ -401,8 +402,54 @@ class TestTwoServers:
         wait_until(lambda: two_servers.generated() >= generated + total, "vLLM's generation counter")
         assert two_servers.generated() == generated + total
         assert two_servers.relayed() == relayed + total
-        after = [metric(scrape(u), "vllm:generation_tokens_total") for u in two_servers.upstreams]
-        assert all(a > b for a, b in zip(after, before)), "one server got no request"
+        # Which server each job ran on depends on how far the others had got when it arrived (on
+        # a busy machine the eight can arrive one after another, each finding both servers
+        # idle): that is the next test's, with the overlap made certain.
+
+    def test_a_request_sent_beside_a_running_stream_goes_to_the_other_server(
+            self, two_servers: Cluster) -> None:
+        """A long stream holds one server (placed and generating: its first token has come); a
+        request sent meanwhile must go to the other one — the default policy places by load, and
+        the overlap is made certain rather than left to timing. Then hang up on the stream."""
+        wait_until(two_servers.upstream_idle, "vLLM to be idle before the request")
+
+        def running() -> list[float]:
+            return [metric(scrape(u), "vllm:num_requests_running") for u in two_servers.upstreams]
+
+        body = {"model": MODEL, "prompt": PROMPT_IDS, "max_tokens": LONG_STREAM, "ignore_eos": True,
+                "stream": True}
+        with httpx.Client(timeout=120) as http, \
+                http.stream("POST", two_servers.proxy + "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            lines = resp.iter_lines()  # kept: a dropped line iterator closes the stream (hangs up)
+            for line in lines:
+                if line.startswith("data: {"):  # the first token
+                    break
+            seen: list[list[float]] = []
+
+            def one_runs_it() -> bool:
+                seen.append(running())
+                return sorted(seen[-1]) == [0.0, 1.0]
+
+            wait_until(one_runs_it, "one server to run the stream",
+                       describe=lambda: f"requests running per server, last scrapes: {seen[-3:]}")
+            held = seen[-1].index(1.0)
+
+            def finished() -> list[float]:
+                return [metric(scrape(u), "vllm:request_success_total") for u in two_servers.upstreams]
+
+            before = finished()
+            assert _request(two_servers, "completions", False, None, 7).usage.completion_tokens == 7
+            wait_until(lambda: sum(finished()) >= sum(before) + 1, "vLLM to count the request")
+            after = finished()
+            assert running()[held] == 1.0, (
+                f"the premise failed: the {LONG_STREAM:,}-token stream ended before the second "
+                "request was placed; proxy log:\n" + _tail(two_servers.proxy_log))
+            assert after[1 - held] - before[1 - held] == 1, (
+                f"the request did not go to the idle server {1 - held}; finished before {before}, "
+                f"after {after}; proxy log:\n" + _tail(two_servers.proxy_log))
+        wait_until(two_servers.upstream_idle, "vLLM to drop the stream")
+        wait_until(two_servers.proxy_idle, "the proxy's ledger to drain")
 
 
 class TestDataParallel:
