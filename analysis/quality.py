@@ -216,9 +216,8 @@ def run_quality_cell(cell: Cell) -> list[dict[str, Any]]:
     from balanceroute.catalogue import build_policy
     from balanceroute.core.simulator import SimConfig, simulate
 
-    thin = cell.option("thin", None)
-    train, test = _load(cell.workload, int(cell.requests or 3_000), cell.seed,
-                        None if thin is None else float(thin))
+    thin = None if cell.option("thin", None) is None else float(cell.option("thin"))
+    train, test = _load(cell.workload, int(cell.requests or 3_000), cell.seed, thin)
     load = cell.option("load", "saturated")
     params: dict[str, Any] = {}
     knob = cell.option("ttft_slo_s", None)
@@ -237,7 +236,7 @@ def run_quality_cell(cell: Cell) -> list[dict[str, Any]]:
         config = SimConfig(num_replicas=cell.replicas, slots=cell.slots, check_assignments=False)
     else:
         cap = saturated_capacity(cell.workload, int(cell.requests or 3_000), cell.seed,
-                                 cell.replicas, cell.slots, None if thin is None else float(thin))
+                                 cell.replicas, cell.slots, thin)
         span = float(test.arrival_s.max() - test.arrival_s.min())
         native = (len(test) - 1) / span if span > 0 else math.inf
         scale = float(load) * cap / native
@@ -437,13 +436,18 @@ _RATIOS = (("brh-oracle ÷ br0", ("brh-oracle",), ("br0",)),
            ("best BR ÷ least_load", ("br0", "brh-survival"), ("least_load",)))
 
 
+def _over_seeds(cells: dict[tuple, dict[str, dict]]) -> dict[tuple, list[dict[str, dict]]]:
+    """:func:`cells_of`'s cells grouped over their seeds (:func:`seed_groups`), in seed order."""
+    groups: dict[tuple, list[tuple[int, dict[str, dict]]]] = defaultdict(list)
+    for (w, g, n, seed, load), by in cells.items():
+        groups[(w, g, n, load)].append((seed, by))
+    return {k: [by for _, by in sorted(v, key=lambda sb: sb[0])] for k, v in groups.items()}
+
+
 def seed_lines(cells: dict[tuple, dict[str, dict]]) -> list[str]:
     """Where a cell was run at several seeds: per ratio, its geometric mean over the seeds and
     the range — whether a broken rule is a seed's draw or the same every time."""
-    groups: dict[tuple, list[dict[str, dict]]] = defaultdict(list)
-    for (w, g, n, _seed, load), by in cells.items():
-        groups[(w, g, n, load)].append(by)
-    groups = {k: v for k, v in groups.items() if len(v) > 1}
+    groups = {k: v for k, v in _over_seeds(cells).items() if len(v) > 1}
     ratios = [(label, num, den) for label, num, den in _RATIOS
               if any(all(any(p in by for p in side) for side in (num, den))
                      for v in groups.values() for by in v)]
@@ -511,10 +515,7 @@ test there)."""
 def seed_groups(rows: Iterable[dict]) -> dict[tuple, list[dict[str, dict]]]:
     """Cells grouped over their seeds: (workload, G, requests, load) → one policy → row map per
     seed, in seed order."""
-    groups: dict[tuple, list[tuple[int, dict[str, dict]]]] = defaultdict(list)
-    for (w, g, n, seed, load), by in cells_of(rows).items():
-        groups[(w, g, n, load)].append((seed, by))
-    return {k: [by for _, by in sorted(v, key=lambda sb: sb[0])] for k, v in groups.items()}
+    return _over_seeds(cells_of(rows))
 
 
 def _throughput_test(runs: list[dict[str, dict]]) -> tuple[int, int, int]:
@@ -552,8 +553,13 @@ def powered_ratios(rows: Iterable[dict], *, level: float = 0.95) -> dict[tuple, 
     """Per group with at least two seeds (:func:`seed_groups`): each rule of :data:`POWERED` (and
     :data:`LEASE`) that applies → (geometric mean over the seeds of the ratio to its bound, the
     interval's low and high end — :func:`paired_interval`)."""
+    return _powered_ratios(seed_groups(rows), level)
+
+
+def _powered_ratios(groups: dict[tuple, list[dict[str, dict]]],
+                    level: float) -> dict[tuple, dict[str, tuple]]:
     out: dict[tuple, dict[str, tuple]] = {}
-    for key, runs in seed_groups(rows).items():
+    for key, runs in groups.items():
         if len(runs) < 2:
             continue
         per_seed = []
@@ -576,7 +582,7 @@ def powered_lines(rows: list[dict], *, level: float = 0.95) -> list[str]:
     BR ÷ bfio-h0-lease beside it, then per rule how many groups it holds, breaks or leaves
     undecided in, naming the groups where it breaks."""
     groups = seed_groups(rows)
-    ratios = powered_ratios(rows, level=level)
+    ratios = _powered_ratios(groups, level)
     if not ratios:
         return []
     pct = f"{100 * level:g} %"

@@ -10,8 +10,8 @@ every simulated (test) half: mooncake-conv rows 3,000–6,000 and azure-conv-202
 generated workloads at 20,000 requests, seed 11; the ``clairvoyant`` part seeds 11-15 and both
 generated workloads at 20,000 requests, seeds 11-14 (the ``settle`` part the generated workloads
 of those); the ``ttft`` part draws many seeds instead, 100–115 (:data:`TTFT_SEEDS`), so that
-a setting is judged by an interval over 16 draws rather than by one. Each slice is split in two: the first half fits the predictors, the second is
-simulated. Every row records the ratio to BF-IO-H0 and to BR-0 with the shipped defaults; the
+a setting is judged by an interval over 16 draws rather than by one. Each slice is split in
+two: the first half fits the predictors, the second is simulated. Every row records the ratio to BF-IO-H0 and to BR-0 with the shipped defaults; the
 choice (README, "Defaults") takes the best worst case over the slices, then the best mean (the
 ``safeguard`` part's exception, a judge that never lets the lookahead act, is in
 ``papers/quality.md``).
@@ -33,11 +33,12 @@ __all__ = ["training_slices"]
 G = 8
 
 
-def training_slices(seeds: tuple[int, ...] = (11, 12), *,
-                    long: bool = False) -> Iterator[tuple[str, object, object]]:
+def training_slices(seeds: tuple[int, ...] = (11, 12), *, long: bool = False,
+                    replays: bool = True) -> Iterator[tuple[str, object, object]]:
     """(label, train, test) of every training slice (module docstring); ``seeds``: those of the
     generated workloads (``safeguard`` adds 13 and 14, still none of the matrix's 0–4); ``long``
-    adds both generated workloads drawn at 20,000 requests at the first seed."""
+    adds both generated workloads drawn at 20,000 requests at the first seed; ``replays=False``
+    leaves the two replay slices out."""
     from balanceroute.core.workloads import load_workload
 
     def halves(w):
@@ -47,10 +48,11 @@ def training_slices(seeds: tuple[int, ...] = (11, 12), *,
     for seed in seeds:
         for name in ("azure-2024-long", "servegen-r1"):
             yield (f"{name}@{seed}", *halves(load_workload(name, requests=3_000, seed=seed)))
-    yield ("mooncake-conv[3000:6000]",
-           *halves(load_workload("mooncake-conv", requests=6_000).take(np.arange(3_000, 6_000))))
-    yield ("azure-conv-2023[3000:9000]",
-           *halves(load_workload("azure-conv-2023", requests=9_000).take(np.arange(3_000, 9_000))))
+    if replays:
+        yield ("mooncake-conv[3000:6000]",
+               *halves(load_workload("mooncake-conv", requests=6_000).take(np.arange(3_000, 6_000))))
+        yield ("azure-conv-2023[3000:9000]",
+               *halves(load_workload("azure-conv-2023", requests=9_000).take(np.arange(3_000, 9_000))))
     if long:
         for name in ("azure-2024-long", "servegen-r1"):
             yield (f"{name}@{seeds[0]} n=20000",
@@ -155,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         slices = [(f"{label} G={g}", g, train, test) for label, train, test in labelled
                   for g in (G, 2 * G)]
     elif args.part == "ttft":  # generated workloads at 16 seeds, both sizes, with the replay slices
-        labelled = [item for seed in TTFT_SEEDS for item in training_slices((seed,), long=True)
-                    if "@" in item[0]]
+        labelled = [item for seed in TTFT_SEEDS
+                    for item in training_slices((seed,), long=True, replays=False)]
         labelled += [item for item in training_slices((TTFT_SEEDS[0],)) if "@" not in item[0]]
         grid = _grid(args.part)
         slices = [(f"{label} G={g}", g, train, test) for label, train, test in labelled
