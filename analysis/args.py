@@ -9,12 +9,17 @@ import argparse
 import sys
 from typing import Any
 
+from balanceroute.cli_checks import flag_error
+
 __all__ = [
     "DEFAULT_REQUESTS", "add_cluster_args", "add_workload_args", "check_fill", "config_from_args",
     "limits_from_args", "policy_names_arg", "warn", "workload_from_args",
 ]
 
 DEFAULT_REQUESTS = 20_000
+#: SimConfig fields and the flags that set them (for error messages).
+SIM_FLAGS = {"num_replicas": "--replicas", "slots": "--slots", "pool_size": "--pool-size",
+             "rate_scale": "--rate-scale", "prefill_delay_s": "--prefill-delay", "mode": "--mode"}
 
 
 def add_workload_args(parser: argparse.ArgumentParser) -> None:
@@ -102,12 +107,15 @@ def config_from_args(args: argparse.Namespace, **overrides: Any):
                 warn(f"{flag} applies to --mode open_loop and is ignored in saturated mode")
     elif args.pool_size is not None:
         warn("--pool-size applies to --mode saturated and is ignored in open-loop mode")
-    return SimConfig(
-        num_replicas=args.replicas, slots=args.slots, mode=args.mode, pool_size=args.pool_size,
-        rate_scale=1.0 if args.rate_scale is None else args.rate_scale,
-        prefill_delay_s=0.0 if args.prefill_delay is None else args.prefill_delay,
-        step_model=StepModel.parse(args.step_model), **overrides,
-    )
+    try:
+        return SimConfig(
+            num_replicas=args.replicas, slots=args.slots, mode=args.mode, pool_size=args.pool_size,
+            rate_scale=1.0 if args.rate_scale is None else args.rate_scale,
+            prefill_delay_s=0.0 if args.prefill_delay is None else args.prefill_delay,
+            step_model=StepModel.parse(args.step_model), **overrides,
+        )
+    except ValueError as exc:  # name the flag, not the field
+        raise flag_error(exc, SIM_FLAGS) from None
 
 
 def check_fill(workload, config) -> None:
@@ -128,7 +136,7 @@ def policy_names_arg(text: str | None, option: str, *, quiet: bool = False) -> l
     valid = list(CATALOGUE)
     if text is None:
         for name, extra in ({} if quiet else missing_extras()).items():
-            print(f"note: {name} left out: install balanceroute[{extra}] for it", file=sys.stderr)
+            print(f"note: {name} left out: install the {extra} extra for it (pip install '.[{extra}]')", file=sys.stderr)
         return default_names()
     names = [n.strip() for n in text.split(",")]
     if not any(names):

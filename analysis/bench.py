@@ -282,7 +282,9 @@ def bench_simulator(cfg: BenchConfig, *, log: Callable[[str], None] = lambda s: 
     from .reference import naive_simulate
 
     workload = load_workload(cfg.workload, requests=cfg.sim_requests, seed=cfg.seed)
-    config = SimConfig(num_replicas=cfg.sim_replicas, slots=cfg.slots)
+    # no KV lease: the loops are timed as they are (a leased run may re-run in the generic loop)
+    # and the naive reference does not model the lease's re-prefill
+    config = SimConfig(num_replicas=cfg.sim_replicas, slots=cfg.slots, lease=None)
     g_count = cfg.sim_replicas
     records = []
     for name in cfg.sim_policies:

@@ -23,8 +23,12 @@ __all__ = ["register"]
 
 
 def _check_output_args(args: argparse.Namespace) -> None:
+    from balanceroute.cli_checks import output_file
+
     if args.json and args.csv == "-":
         raise ValueError("--json and --csv - both write to stdout; choose one (or --csv PATH)")
+    output_file(args.csv, "--csv")  # before the run, not after it
+    output_file(getattr(args, "series", None), "--series")
 
 
 def _emit(records: list[dict], args: argparse.Namespace) -> None:
@@ -85,15 +89,35 @@ def _run_compare(args: argparse.Namespace, names: list[str], *, reference: bool)
     test = factory.test_workload
     check_fill(test, config)
     extra = [b for b in BASELINES if b not in names] if reference else []
-    with progress(len(test) * (len(names) + len(extra)), "simulating", "req",
-                  quiet=args.quiet) as bar:
+    import numpy as np
+
+    from balanceroute.warm import announce
+
+    if not args.quiet:
+        announce()  # a cold numba cache: say so, rather than a silent first minute
+
+    # work = output tokens (a run's time goes with its decode steps, not its request count),
+    # those of the first n requests standing in for the n finished; a policy's predictor fit
+    # comes before the first simulation and is not extrapolated (start_work)
+    tokens = np.concatenate([[0], np.cumsum(test.output_len, dtype=np.float64)])
+    runs = len(names) + len(extra)
+    with progress(len(test) * runs, "simulating", "req", quiet=args.quiet,
+                  work_total=float(tokens[-1]) * runs) as bar:
         done = [0]
+        bar.set_postfix_str("building the policies (brh-* fit their predictors)")
 
         def on_progress(n_finished: int) -> None:
-            bar.update(n_finished - done[0])
+            bar.update(n_finished - done[0], work=float(tokens[n_finished] - tokens[done[0]]))
             done[0] = n_finished
 
+        started = [0]
+
         def on_policy(name: str) -> None:
+            if started[0]:
+                on_progress(len(test))  # the previous run is over: count what it left out
+            else:
+                bar.start_work()  # the predictors are fitted: extrapolate from here
+            started[0] += 1
             done[0] = 0
             bar.set_postfix_str(name)
 
@@ -101,6 +125,7 @@ def _run_compare(args: argparse.Namespace, names: list[str], *, reference: bool)
                                    on_policy=on_policy, progress=on_progress, reference=extra,
                                    on_result=(lambda r: _write_series(series_path, r.series))
                                    if series_path else None)
+        on_progress(len(test))
     if not args.json and args.csv != "-":
         print(f"workload {test.name}: {len(test):,} requests simulated"
               + (f" (the preceding {len(factory.train_workload):,} fit the predictors)"
@@ -189,14 +214,23 @@ def register(sub: argparse._SubParsersAction) -> None:
          "on the held-out part."),
         ("tune", "tune", "add_tune_args", "run_tune",
          "search BR-H's H, gamma, beta, S_greedy on the training split", None),
-        ("quality", "quality", "add_quality_args", "run_quality",
+        ("quality", "quality_cli", "add_quality_args", "run_quality",
          "the decision-quality matrix and its acceptance rules",
          f"Run the quality matrix (saturated and open-loop cells for {', '.join(QUALITY_POLICIES)}) "
          "or the TTFT experiments; print per-cell numbers and how many cells break each rule."),
+        ("foreign", "foreign", "add_foreign_args", "run_foreign",
+         "load the router did not send: foreign traffic, two routers, a restart (simulated)",
+         "Simulate 10 % and 30 % foreign traffic, two routers splitting the traffic and a router "
+         "restart, each router seeing its own ledger and the engines' periodic reports; print the "
+         "mean imbalance against one BR router with full knowledge over held-out draws."),
         ("reproduce", "reproduce", "add_arguments", "run_reproduce",
          "regenerate every table and figure next to the paper's",
          "Run the declared experiment grids (cached per cell), write tidy CSVs, PNG figures and "
          "REPORT.md with our numbers next to the paper's."),
+        ("report", "frontdoor", "add_report_args", "run_report",
+         "rewrite the generated numbers of README.md and docs/ from the committed CSVs",
+         "Rewrite (--readme) or check (--check) every generated block of README.md and docs/*.md: "
+         "each is written by code from the committed CSV its marker names."),
     ):
         mod = importlib.import_module(f"balanceroute.analysis.{module}")
         p = sub.add_parser(name, help=help_text, description=description)

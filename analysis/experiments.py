@@ -38,6 +38,7 @@ from balanceroute.catalogue import build_policy, policy_entry
 
 from .policies import make_factory
 from .quality import declare_quality, run_quality_cell
+from .replicas import declare_replicas, run_replicas_cell
 from .sweep import Cell, RunByKind
 from .theory import balls_into_bins_max_load
 
@@ -312,6 +313,7 @@ def declare(profile: Profile, available: list[str], *, solvers: bool | None = No
         ]
     if profile.name in ("quick", "full"):  # decision quality and TTFT (analysis/quality.py)
         grids.update(declare_quality(profile.name, sorted(have)))
+        grids.update(declare_replicas(profile.name, sorted(have)))  # KV budgets, replica speed
     return {name: [_with_code(c) for c in cells] for name, cells in grids.items()}
 
 
@@ -326,14 +328,23 @@ def _with_code(cell: Cell) -> Cell:
 
 
 def cell_cost(cell: Cell) -> float:
-    """A rough relative cost, to start the longest cells first."""
+    """A rough relative cost (about 15-20 µs a unit in quick mode), to start the longest
+    cells first and to weigh cells in ``reproduce``'s time left. Calibrated on the per-cell
+    times of a quick run (561 cells): a BR-H or BF-IO run costs three of a baseline's,
+    brh-learned (with its predictor's fit) fifteen, a quality cell half a simulation of its
+    size, an exact-solver tick-gap cell a quarter of a 20,000-request simulation."""
     if cell.kind == "balls":
         return cell.replicas * cell.option("reps", 1) * 1e-2
-    if cell.kind in ("tick_gap", "competitive_ratio"):
-        return 2e5
+    if cell.kind == "tick_gap":
+        return 5e4
+    if cell.kind == "competitive_ratio":
+        return 4e4
     if cell.kind == "clairvoyant_gap":
-        return 4e5
-    weight = 4.0 if cell.policy.startswith("brh") else 1.0
+        return 2e5
+    weight = 15.0 if cell.policy == "brh-learned" else \
+        3.0 if cell.policy.startswith(("brh", "bfio")) else 1.0
+    if cell.kind == "quality":
+        weight *= 0.5
     return (cell.requests or 20_000) * weight * (1.0 + math.log2(cell.replicas) / 4)
 
 
@@ -626,6 +637,7 @@ def _run_competitive_ratio(cell: Cell) -> list[dict[str, Any]]:
 RUNNERS: dict[str, Callable[[Cell], list[dict[str, Any]]]] = {
     "simulate": _run_simulate,
     "quality": run_quality_cell,
+    "replicas": run_replicas_cell,
     "tick_timing": _run_tick_timing,
     "balls": _run_balls,
     "tick_gap": _run_tick_gap,

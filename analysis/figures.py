@@ -7,6 +7,9 @@ draw. Paper values (:mod:`.paper`) are drawn as hollow black-edged markers next 
 
 from __future__ import annotations
 
+import contextvars
+import hashlib
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +21,14 @@ from . import paper, tables, theory
 
 __all__ = [
     "FIGURES",
+    "MAX_WIDTH_IN",
+    "MIN_FONT_PT",
+    "STYLE",
+    "STYLE_VERSION",
+    "draw_figure",
+    "fig_quality_seeds",
+    "fig_ttft_pareto",
+    "figure_stamp",
     "fig_balls_into_bins",
     "fig_clairvoyant_gap",
     "fig_competitive_ratio",
@@ -42,10 +53,30 @@ LABEL = {
 COLOR = {
     "random": "#9e9e9e", "round_robin": "#8c564b", "power_of_two": "#e6ab02", "jsq": "#d95f02",
     "least_load": "#c51b7d", "br0": "#1b9e77", "brh-survival": "#7570b3", "brh-exact": "#66a61e",
-    "brh-learned": "#17becf", "brh-oracle": "#1f78b4",
+    "brh-learned": "#17becf", "brh-oracle": "#1f78b4", "bfio-h0": "#a6761d",
+    "bfio-h0-lease": "#e7298a", "bfio": "#666666",
 }
 MARKER = {"random": "x", "round_robin": "+", "power_of_two": "^", "jsq": "s", "least_load": "v",
-          "br0": "o", "brh-survival": "D", "brh-exact": "P", "brh-learned": "*", "brh-oracle": "h"}
+          "br0": "o", "brh-survival": "D", "brh-exact": "P", "brh-learned": "*", "brh-oracle": "h",
+          "bfio-h0": "<", "bfio-h0-lease": ">", "bfio": "X"}
+
+STYLE: dict[str, Any] = {
+    "figure.dpi": 150, "savefig.dpi": 150, "font.size": 9, "axes.titlesize": 10,
+    "axes.labelsize": 9, "xtick.labelsize": 8, "ytick.labelsize": 8, "legend.fontsize": 8,
+    "figure.titlesize": 10, "axes.grid": True, "grid.alpha": 0.3, "legend.framealpha": 0.85,
+    "savefig.facecolor": "white",
+}
+"""The one matplotlib style of every figure (150 dpi; body text 9 pt)."""
+MIN_FONT_PT = 8.0
+"""No text in a figure is smaller: :func:`_save` raises smaller text to it. At 150 dpi and at most
+:data:`MAX_WIDTH_IN` wide, 8 pt stays ≥ 10 px when a page shows the figure 1,000 px wide."""
+MAX_WIDTH_IN = 10.5
+"""The widest figure (inches); wider ones are scaled down on a page until their text is unreadable."""
+STYLE_VERSION = "2"
+"""Bumped when :data:`STYLE` or the layout rules change: a figure stamped with another version
+was drawn before (``tests/analysis/test_figures_front.py``)."""
+
+_SOURCE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("figure_source", default=None)
 
 
 def _plt():
@@ -54,22 +85,59 @@ def _plt():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"figure.dpi": 150, "savefig.dpi": 150, "font.size": 9,
-                         "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 8,
-                         "legend.framealpha": 0.85})
+    plt.rcParams.update(STYLE)
     return plt
 
 
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
 def _save(fig, path: str | Path, *, layout: bool = True) -> Path:
+    """Lay out, raise any text below :data:`MIN_FONT_PT`, stamp (:func:`figure_stamp`) and write."""
+    from matplotlib.text import Text
+
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
+    for text in fig.findobj(Text):
+        if text.get_text() and text.get_fontsize() < MIN_FONT_PT:
+            text.set_fontsize(MIN_FONT_PT)
     if layout:
         fig.tight_layout()
-    fig.savefig(out)
+    width_in = fig.get_figwidth()
+    if width_in > MAX_WIDTH_IN + 1e-9:
+        raise ValueError(f"{width_in=} must be <= MAX_WIDTH_IN={MAX_WIDTH_IN} ({out.name})")
+    stamp = {"style": STYLE_VERSION, "min_font_pt": MIN_FONT_PT, **(_SOURCE.get() or {})}
+    fig.savefig(out, metadata={"balanceroute": json.dumps(stamp, sort_keys=True)})
     import matplotlib.pyplot as plt
 
     plt.close(fig)
     return out
+
+
+def figure_stamp(path: str | Path) -> dict:
+    """The stamp :func:`_save` wrote into a PNG: ``style``, ``min_font_pt`` and, when drawn by
+    :func:`draw_figure`, ``source`` (the CSV's file name) and ``sha256`` (its first 16 hex
+    digits); ``{}`` for a PNG without one."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        raw = im.info.get("balanceroute") or (getattr(im, "text", {}) or {}).get("balanceroute")
+    return json.loads(raw) if raw else {}
+
+
+def draw_figure(name: str, csv_path: str | Path, out_path: str | Path) -> Path | None:
+    """Draw figure ``name`` of :data:`FIGURES` from the CSV at ``csv_path`` into ``out_path``,
+    stamped with that CSV's name and hash (so a test can tell a figure from an older CSV)."""
+    from .sweep import read_csv
+
+    csv_path = Path(csv_path)
+    _, draw = FIGURES[name]
+    token = _SOURCE.set({"source": csv_path.name, "sha256": _file_sha256(csv_path)})
+    try:
+        return draw(read_csv(csv_path), out_path)
+    finally:
+        _SOURCE.reset(token)
 
 
 def _legend_below(fig, ax, ncol: int = 4) -> None:
@@ -343,7 +411,7 @@ def fig_tick_latency(rows: Sequence[dict], path: str | Path) -> Path | None:
     ax.set_ylabel("scheduling tick latency (ms, log scale)")
     ax.set_title("Scheduling tick latency on states from saturated runs (pool 2G, one thread)",
                  fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    ax.legend(fontsize=8, loc="upper left", ncol=2)
     return _save(fig, path)
 
 
@@ -375,7 +443,7 @@ def fig_tick_stages(rows: Sequence[dict], path: str | Path) -> Path | None:
     ax.set_xlabel("decode replicas G (log scale)")
     ax.set_ylabel("latency P50 (µs, log scale)")
     ax.set_title("Where a tick's time goes: Stage 1 vs Stage 2 (BR-0, pool 2G)")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     return _save(fig, path)
 
 
@@ -404,7 +472,7 @@ def fig_step_model(rows: Sequence[dict], path: str | Path) -> Path | None:
     ax.set_xlabel(r"load-dependent share of the step $a\bar M/(b + a\bar M)$ (best baseline)")
     ax.set_ylabel("throughput gain over the best baseline (%)")
     ax.set_title(r"The gain is set by the step model: $\tau = b + a\,M$")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left")
     return _save(fig, path)
 
 
@@ -472,7 +540,7 @@ def fig_tick_gap(rows: Sequence[dict], path: str | Path) -> Path | None:
         ax.set_visible(False)
     for ax in axes[:, 0]:
         ax.set_ylabel("share of ticks with gap ≤ x")
-    axes[0][0].legend(fontsize=7, loc="lower right")
+    axes[0][0].legend(fontsize=8, loc="lower right")
     fig.suptitle("Per-tick gap to the exact optimum (CP-SAT), as a share of barrier capacity",
                  fontsize=10)
     return _save(fig, path)
@@ -521,8 +589,158 @@ def fig_competitive_ratio(rows: Sequence[dict], path: str | Path) -> Path | None
     ax.set_xlabel("replicas G")
     ax.set_ylabel("online / clairvoyant  Σ_k M(k)")
     ax.set_title("Worst ratios found on small exact instances vs 2 − 1/G")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3)
     return _save(fig, path)
+
+
+# ------------------------------------------------------------------------------ quality and TTFT
+
+
+def _knob(value: Any) -> float:
+    """``ttft_slo_s`` as a number for ordering: off (no soft deadline) after every value."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.inf
+
+
+def _knob_label(value: Any) -> str:
+    x = _knob(value)
+    return "off" if math.isinf(x) else f"{x:g} s"
+
+
+def _place_labels(fig, ax, labels: list[tuple[float, float, str, str]]) -> None:
+    """Write each (x, y, text, colour) next to its point, moving a label right until it is clear
+    of those already placed (display coordinates, one 8-pt line high)."""
+    fig.canvas.draw()
+    placed: list[tuple[float, float, float]] = []
+    height = MIN_FONT_PT * fig.dpi / 72
+    for x, y, text, colour in sorted(labels, key=lambda lab: (-lab[1], lab[0])):
+        px, py = ax.transData.transform((x, y))
+        width = 0.6 * height * len(text)
+        dx = 5.0
+        while any(abs(py - qy) < height and px + dx < qx + qw and qx < px + dx + width
+                  for qx, qy, qw in placed):
+            dx += 0.75 * height
+        placed.append((px + dx, py, width))
+        ax.annotate(text, (x, y), textcoords="offset pixels", xytext=(dx, -0.35 * height),
+                    fontsize=MIN_FONT_PT, color=colour,
+                    arrowprops={"arrowstyle": "-", "color": colour, "lw": 0.5, "alpha": 0.6,
+                                "shrinkA": 0, "shrinkB": 3} if dx > 10 else None)
+
+
+def fig_ttft_pareto(rows: Sequence[dict], path: str | Path) -> Path | None:
+    """TTFT P99 against mean imbalance, one panel per workload: each BR policy a line through
+    its ``ttft_slo_s`` settings, every point labelled with its setting; the baselines one
+    labelled point each."""
+    if not rows:
+        return None
+    plt = _plt()
+    workloads = sorted({r["workload"] for r in rows})
+    ncol = min(len(workloads), 3)
+    nrow = math.ceil(len(workloads) / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(min(MAX_WIDTH_IN, 3.5 * ncol), 3.6 * nrow + 0.5),
+                             squeeze=False)
+    for ax, w in zip(axes.ravel(), workloads, strict=False):
+        mine = [r for r in rows if r["workload"] == w]
+        lines = {p: sorted(((_knob(r.get("ttft_slo_s")), float(r["ttft_s_p99"]),
+                             float(r["mean_imbalance"]) / 1e3, r.get("ttft_slo_s"))
+                            for r in mine if r["policy"] == p), key=lambda t: t[0])
+                 for p in _order(r["policy"] for r in mine)}
+        knobbed = [y for pts in lines.values() if len(pts) > 1 for *_, y, _ in pts]
+        top = 1.35 * max(knobbed) if knobbed else math.inf
+        shown = [t[2] for pts in lines.values() for t in pts if t[2] <= top]
+        if shown:
+            ax.set_ylim(0.85 * min(shown), top if knobbed else 1.15 * max(shown))
+        off_scale, labels = [], []
+        for p, pts in lines.items():
+            xs, ys = [t[1] for t in pts], [t[2] for t in pts]
+            if len(pts) > 1:  # a BR row: a line through its knob settings, each labelled
+                ax.plot(xs, ys, "-", marker=MARKER.get(p, "o"), color=COLOR.get(p), ms=5, lw=1.2,
+                        label=LABEL.get(p, p))
+                labels += [(t[1], t[2], _knob_label(t[3]), COLOR.get(p, "black")) for t in pts]
+            elif ys[0] > top:  # a baseline far above the BR rows: named in the corner
+                off_scale.append(f"{LABEL.get(p, p)}: {ys[0]:,.0f}k at {xs[0]:.1f} s")
+            else:
+                ax.plot(xs, ys, marker=MARKER.get(p, "o"), ls="", color=COLOR.get(p), ms=6,
+                        label=LABEL.get(p, p))
+                labels.append((xs[0], ys[0], LABEL.get(p, p), COLOR.get(p, "black")))
+        _place_labels(fig, ax, labels)
+        if off_scale:
+            ax.text(0.98, 0.97, "above the scale:\n" + "\n".join(off_scale), transform=ax.transAxes,
+                    ha="right", va="top", fontsize=MIN_FONT_PT,
+                    bbox={"boxstyle": "round", "fc": "white", "ec": "0.7", "alpha": 0.9})
+        ax.set_title(w)
+        ax.set_xlabel("TTFT P99 (s)")
+        ax.set_ylabel("mean imbalance (thousand tokens)")
+    for ax in axes.ravel()[len(workloads):]:
+        ax.set_visible(False)
+    fig.suptitle("TTFT P99 against imbalance as ttft_slo_s moves (labels: its value; G = 8, saturated)")
+    _legend_below(fig, axes[0][0], ncol=4)
+    return _save(fig, path, layout=False)
+
+
+def fig_quality_seeds(rows: Sequence[dict], path: str | Path, *, level: float = 0.95) -> Path | None:
+    """The decision-quality rules over held-out seeds as a forest plot: one panel per rule (and
+    best BR ÷ bfio-h0-lease), one line per group — the geometric mean of the ratio to the
+    rule's bound and its interval on a log axis, coloured by verdict; the bound at 1."""
+    import textwrap
+
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    from .quality import LEASE, POWERED, RULES, _group_label, powered_ratios, verdict
+
+    ratios = powered_ratios(rows, level=level)
+    if not ratios:
+        return None
+    plt = _plt()
+    keys = sorted(ratios, key=str)
+    panels = [r for r in (*POWERED, LEASE) if any(r in ratios[k] for k in keys)]
+    titles = {**RULES, LEASE: "min(br0, brh-survival) ≤ bfio-h0-lease"}
+    color = {"holds": "#1b9e77", "undecided": "#7f7f7f", "breaks": "#d62728"}
+    height = min(15.0, max(4.0, 0.2 * len(keys) + 2.0))  # at most 15 in: rows close up, text stays 8 pt
+    fig, axes = plt.subplots(1, len(panels), figsize=(MAX_WIDTH_IN, height), sharey=True,
+                             squeeze=False)
+    for ax, rule in zip(axes[0], panels, strict=False):
+        for y, key in enumerate(keys):
+            if rule not in ratios[key]:
+                continue
+            gm, lo, hi = ratios[key][rule]
+            ax.errorbar(gm, y, xerr=[[gm - lo], [hi - gm]], fmt="o", ms=3.5, lw=1.2,
+                        color=color[verdict(lo, hi)])
+        ax.axvline(1.0, color="black", lw=0.9)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(FixedLocator([0.25, 0.5, 0.7, 1.0, 1.4, 2.0]))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_title("\n".join(textwrap.wrap(titles[rule], 18)), fontsize=9)
+        ax.set_xlabel("ratio to the bound")
+        ax.grid(alpha=0.3, axis="x")
+        ax.grid(False, axis="y")
+    axes[0][0].set_yticks(range(len(keys)), [_group_label(k) for k in keys])
+    axes[0][0].set_ylim(len(keys) - 0.5, -0.5)
+    for verdict_name, c in color.items():
+        axes[0][0].plot([], [], "o", color=c, label=verdict_name)
+    fig.suptitle(f"Rules over held-out seeds: geometric mean and {100 * level:g} % interval per "
+                 "group (n: requests drawn)", y=1 - 0.12 / height)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    fig.tight_layout(rect=(0, 0.45 / height, 1, 1 - 0.35 / height))
+    return _save(fig, path, layout=False)
+
+
+def redraw(out_dir: str | Path) -> dict[str, Path]:
+    """Redraw every figure of :data:`FIGURES` whose CSV is under ``<out_dir>/data`` into
+    ``<out_dir>/figures`` (nothing is simulated)."""
+    out = Path(out_dir)
+    drawn: dict[str, Path] = {}
+    for name, (experiment, _) in FIGURES.items():
+        csv_path = out / "data" / f"{experiment}.csv"
+        if csv_path.exists():
+            path = draw_figure(name, csv_path, out / "figures" / f"{name}.png")
+            if path is not None:
+                drawn[name] = path
+    return drawn
 
 
 FIGURES: dict[str, tuple[str, Any]] = {
@@ -541,9 +759,14 @@ FIGURES: dict[str, tuple[str, Any]] = {
     "optimality_tick_gap": ("tick_gap", fig_tick_gap),
     "optimality_clairvoyant_gap": ("clairvoyant_gap", fig_clairvoyant_gap),
     "optimality_competitive_ratio": ("competitive_ratio", fig_competitive_ratio),
-    "ttft_pareto": ("ttft_pareto", lambda rows, path: __import__(
-        "balanceroute.analysis.quality", fromlist=["draw_pareto"]).draw_pareto(rows, path)),
-    "quality_seeds": ("quality_seeds", lambda rows, path: __import__(
-        "balanceroute.analysis.quality", fromlist=["draw_powered"]).draw_powered(rows, path)),
+    "ttft_pareto": ("ttft_pareto", fig_ttft_pareto),
+    "quality_seeds": ("quality_seeds", fig_quality_seeds),
 }
 """Figure name → (the experiment CSV it reads, the function drawing it)."""
+
+
+if __name__ == "__main__":
+    import sys
+
+    for _name, _path in redraw(sys.argv[1] if len(sys.argv) > 1 else "papers/reproduction").items():
+        print(_name, _path)

@@ -1,4 +1,4 @@
-"""Decision quality (issue 10) and time to first token (issue 11): grids, runner, rules, report.
+"""Decision quality and time to first token: grids, runner, rules, report.
 
 Four experiments, each a declared grid of :class:`~.sweep.Cell` s of kind ``quality``:
 
@@ -28,9 +28,7 @@ native = requests / arrival span).
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import replace
@@ -41,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from balanceroute.core.dynamics import KV_LEASE_S
+from balanceroute.core.lease import DEFAULT_LEASE
 
 from .sweep import Cell
 
@@ -49,7 +48,6 @@ __all__ = [
     "RULES",
     "declare_quality",
     "paper_lines",
-    "draw_powered",
     "paired_interval",
     "powered_lines",
     "powered_ratios",
@@ -88,10 +86,18 @@ RULES = {
 """Per-cell acceptance rules of the matrix (mean imbalance unless said otherwise)."""
 
 
-GENERATED = ("servegen-r1", "azure-2024", "azure-2024-long")
+SHAPE_GROUPS = ("shape-summarize", "shape-mixed", "shape-lognormal", "shape-bimodal",
+                "shape-pareto", "shape-reasoning", "shape-correlated", "shape-bursty")
+"""The parametric shapes (``core/workloads/shapes.py``) ``quality_seeds`` judges beside the
+bundled workloads: workloads no default was fitted to."""
+
+GENERATED = ("servegen-r1", "azure-2024", "azure-2024-long", *SHAPE_GROUPS)
 """The workloads drawn from a generator (a seed gives a new draw); the others replay a trace."""
 
 HELD_OUT_SEEDS = {"full": tuple(range(1000, 1020)), "quick": tuple(range(1000, 1006))}
+TRAINING_SEEDS = {"full": tuple(range(100, 120)), "quick": tuple(range(100, 106))}
+"""The training draws of the same groups (``--draws training``): every default chosen for the
+shapes (the first-token guard's scale, BR-H's lookahead guard) was chosen on these only."""
 """Seeds of the ``quality_seeds`` experiment: held out from everything else — the matrix draws
 0–4, the training sweeps and probes behind the defaults draw seeds below 1,000
 (``sweep_defaults``: 11–20, 100–115) — so its verdicts are a test of the shipped defaults, not a
@@ -117,7 +123,9 @@ def _grid(profile: str) -> dict[str, Any]:
                                      "azure-conv-2023"),
                     power_open_workloads=("azure-2024-long", "servegen-r1", "mooncake-conv",
                                           "azure-conv-2023", "azure-code-2023", "azure-2024"),
-                    power_replicas=(8, 16), power_requests=(3_000, 20_000))
+                    power_replicas=(8, 16), power_requests=(3_000, 20_000),
+                    shape_workloads=SHAPE_GROUPS, shape_replicas=(8, 16), shape_requests=(3_000,),
+                    shape_open_workloads=("shape-bursty", "shape-mixed"))
     if profile == "quick":
         return dict(workloads=("azure-2024-long", "servegen-r1", "mooncake-conv", "azure-conv-2023"),
                     open_workloads=("servegen-r1", "mooncake-conv", "azure-conv-2023"),
@@ -125,14 +133,24 @@ def _grid(profile: str) -> dict[str, Any]:
                     open_requests=3_000, pareto_requests=3_000, knob=("off", 1.0, 4.0, 16.0),
                     ttft_loads=(0.7, 1.0), power_workloads=("azure-2024-long", "servegen-r1"),
                     power_open_workloads=("servegen-r1",), power_replicas=(8,),
-                    power_requests=(3_000,))
+                    power_requests=(3_000,), shape_workloads=("shape-mixed",), shape_replicas=(8,),
+                    shape_requests=(3_000,), shape_open_workloads=())
     raise ValueError(f"{profile=} must be 'quick' or 'full'")
 
 
-def declare_quality(profile: str, available: Iterable[str], *, code: str = "") -> dict[str, list[Cell]]:
+def declare_quality(profile: str, available: Iterable[str], *, code: str = "",
+                    draws: str = "held-out", groups: str = "all",
+                    max_draws: int | None = None) -> dict[str, list[Cell]]:
     """The four experiments' cells for ``profile`` (``quick`` or ``full``), restricted to the
     ``available`` policies. Replays (fixed traces) run seed 0 only, except in ``quality_seeds``,
-    where each held-out seed thins them (:data:`REPLAY_THIN`)."""
+    where each held-out seed thins them (:data:`REPLAY_THIN`). ``quality_seeds`` only:
+    ``draws`` ``held-out`` (:data:`HELD_OUT_SEEDS`, the judge) or ``training``
+    (:data:`TRAINING_SEEDS`, for choosing), the first ``max_draws`` of them; ``groups``
+    ``all``, ``bundle`` (the bundled workloads) or ``shapes`` (:data:`SHAPE_GROUPS`)."""
+    if draws not in ("held-out", "training"):
+        raise ValueError(f"{draws=} must be 'held-out' or 'training'")
+    if groups not in ("all", "bundle", "shapes"):
+        raise ValueError(f"{groups=} must be 'all', 'bundle' or 'shapes'")
     g = _grid(profile)
     have = [p for p in QUALITY_POLICIES if p in set(available)]
     sat = [
@@ -167,7 +185,7 @@ def declare_quality(profile: str, available: Iterable[str], *, code: str = "") -
     ]
     twins = [replace(c, options=(*c.options, ("twin", t))) for c in sat + opn if c.policy == "br0"
              for t in TWINS]
-    seeds = HELD_OUT_SEEDS[profile]
+    seeds = (HELD_OUT_SEEDS if draws == "held-out" else TRAINING_SEEDS)[profile][:max_draws]
 
     def thin(w: str) -> tuple[tuple[str, float], ...]:
         return () if w in GENERATED else (("thin", REPLAY_THIN),)
@@ -183,6 +201,18 @@ def declare_quality(profile: str, available: Iterable[str], *, code: str = "") -
         for w in g["power_open_workloads"] for G in g["power_replicas"] for rho in g["loads"]
         for s in seeds for p in have
     ]
+    shapes = [
+        Cell(experiment="quality_seeds", kind="quality", workload=w, policy=p, replicas=G,
+             requests=n, seed=s, code=code, options=(("load", "saturated"),))
+        for w in g["shape_workloads"] for G in g["shape_replicas"] for n in g["shape_requests"]
+        for s in seeds for p in have
+    ] + [
+        Cell(experiment="quality_seeds", kind="quality", workload=w, policy=p, replicas=G,
+             requests=g["open_requests"], seed=s, code=code, options=(("load", rho),))
+        for w in g["shape_open_workloads"] for G in g["shape_replicas"] for rho in g["loads"]
+        for s in seeds for p in have
+    ]
+    powered = {"all": powered + shapes, "bundle": powered, "shapes": shapes}[groups]
     return {"quality": sat + opn + twins, "ttft_pareto": pareto, "ttft_open_loop": ttft_open,
             "quality_seeds": powered}
 
@@ -544,6 +574,11 @@ LEASE = "best_br<=bfio-h0-lease"
 KV lease (context, not a rule of the issue)."""
 
 
+TTFT_RULE = "ttft<=1.5jsq"
+"""Beside the rules: the first-token bound — the larger TTFT P99 of br0 and brh-survival over
+1.5 × JSQ's (≤ 1 keeps it; saturated and open loop)."""
+
+
 def _group_label(key: tuple) -> str:
     w, g, n, load = key
     return f"{w} G={g} n={n:,} " + ("saturated" if load == "saturated" else f"{float(load):g}×")
@@ -569,9 +604,14 @@ def _powered_ratios(groups: dict[tuple, list[dict[str, dict]]],
             best = [imb[p] for p in ("br0", "brh-survival") if p in imb]
             if best and imb.get("bfio-h0-lease", 0) > 0:
                 rules[LEASE] = min(best) / imb["bfio-h0-lease"]
+            ttft = [float(by[p]["ttft_s_p99"]) for p in ("br0", "brh-survival")
+                    if p in by and by[p].get("ttft_s_p99") not in (None, "")]
+            jsq = by.get("jsq", {}).get("ttft_s_p99")
+            if ttft and jsq not in (None, "") and float(jsq) > 0:
+                rules[TTFT_RULE] = max(ttft) / (1.5 * float(by["jsq"]["ttft_s_p99"]))
             per_seed.append(rules)
         out[key] = {rule: paired_interval([d[rule] for d in per_seed if rule in d], level)
-                    for rule in (*POWERED, LEASE)
+                    for rule in (*POWERED, LEASE, TTFT_RULE)
                     if sum(rule in d for d in per_seed) > 1}
     return out
 
@@ -587,23 +627,23 @@ def powered_lines(rows: list[dict], *, level: float = 0.95) -> list[str]:
         return []
     pct = f"{100 * level:g} %"
     head = ["group", "seeds", *(RULES[r] for r in POWERED), "best BR ÷ bfio-h0-lease",
-            "throughput vs imbalance"]
+            "TTFT P99 ÷ 1.5·JSQ's (br0, brh-survival)", "throughput vs imbalance"]
     out = [f"Ratio to each rule's bound (≤ 1 keeps it): geometric mean over the seeds, its {pct} "
            "confidence interval, and the verdict (holds: the interval is at or below 1; breaks: "
            "above 1; undecided: it straddles 1). Throughput: of the pairs of rows whose imbalance "
            "order is decided, how many have throughput decided the same way and the opposite way.",
            "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    tally: dict[str, dict[str, list[str]]] = {r: defaultdict(list) for r in (*POWERED, "thr")}
+    tally: dict[str, dict[str, list[str]]] = {r: defaultdict(list)
+                                              for r in (*POWERED, LEASE, TTFT_RULE, "thr")}
     for key in sorted(ratios, key=str):
         where, cols = _group_label(key), []
-        for rule in (*POWERED, LEASE):
+        for rule in (*POWERED, LEASE, TTFT_RULE):
             if rule not in ratios[key]:
                 cols.append("—")
                 continue
             gm, lo, hi = ratios[key][rule]
             v = verdict(lo, hi)
-            if rule != LEASE:
-                tally[rule][v].append(f"{where}: {gm:.3f} ({lo:.3f}–{hi:.3f})")
+            tally[rule][v].append(f"{where}: {gm:.3f} ({lo:.3f}–{hi:.3f})")
             cols.append(f"{gm:.3f} ({lo:.3f}–{hi:.3f}) {v}")
         decided, same, opposite = _throughput_test(groups[key])
         tally["thr"]["breaks" if opposite else "holds"].append(
@@ -611,65 +651,19 @@ def powered_lines(rows: list[dict], *, level: float = 0.95) -> list[str]:
         cols.append(f"{same} / {opposite} of {decided}")
         out.append(f"| {where} | {len(groups[key])} | " + " | ".join(cols) + " |")
     out.append("")
-    for rule in (*POWERED, "thr"):
+    names = {**RULES, LEASE: "min(br0, brh-survival) ≤ bfio-h0-lease (same TTFT guard and lease)",
+             TTFT_RULE: "TTFT P99 of br0 and brh-survival ≤ 1.5 × JSQ's",
+             "thr": RULES["throughput_ranks_like_imbalance"]}
+    for rule in (*POWERED, LEASE, TTFT_RULE, "thr"):
         t = tally[rule]
         total = sum(len(v) for v in t.values())
         if not total:  # a rule whose rows were not run (``--policies``)
             continue
-        name = RULES["throughput_ranks_like_imbalance"] if rule == "thr" else RULES[rule]
+        name = names[rule]
         out.append(f"- {name}: holds in {len(t['holds'])}, undecided in {len(t['undecided'])}, "
                    f"breaks in {len(t['breaks'])} of {total} groups")
         out += [f"  - breaks: {line}" for line in t["breaks"]]
     return out
-
-
-def draw_powered(rows: list[dict], path, *, level: float = 0.95):
-    """A forest plot of :func:`powered_ratios`: one panel per rule (and best BR ÷ bfio-h0-lease),
-    one line per group — the geometric mean and its interval on a log axis, coloured by verdict,
-    the bound at 1."""
-    from pathlib import Path
-
-    import matplotlib
-
-    ratios = powered_ratios(rows, level=level)
-    if not ratios:
-        return None
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
-
-    keys = sorted(ratios, key=str)
-    panels = [r for r in (*POWERED, LEASE) if any(r in ratios[k] for k in keys)]
-    titles = {**RULES, LEASE: "min(br0, brh-survival) ≤ bfio-h0-lease"}
-    color = {"holds": "tab:green", "undecided": "tab:gray", "breaks": "tab:red"}
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.3 * len(panels), 0.22 * len(keys) + 1.4),
-                             sharey=True, squeeze=False)
-    for ax, rule in zip(axes[0], panels):
-        for y, key in enumerate(keys):
-            if rule not in ratios[key]:
-                continue
-            gm, lo, hi = ratios[key][rule]
-            ax.errorbar(gm, y, xerr=[[gm - lo], [hi - gm]], fmt="o", ms=3, lw=1,
-                        color=color[verdict(lo, hi)])
-        ax.axvline(1.0, color="k", lw=0.8)
-        ax.set_xscale("log")
-        ax.xaxis.set_major_locator(FixedLocator([0.25, 0.5, 0.7, 1.0, 1.4, 2.0]))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_title(titles[rule], fontsize=8)
-        ax.set_xlabel("ratio to the bound", fontsize=8)
-        ax.grid(alpha=0.3, axis="x")
-        ax.tick_params(labelsize=7)
-    axes[0][0].set_yticks(range(len(keys)), [_group_label(k) for k in keys])
-    axes[0][0].invert_yaxis()
-    fig.suptitle(f"Held-out seeds: geometric mean and {100 * level:g} % interval "
-                 "(green holds, grey undecided, red breaks)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def context_lines(rows: list[dict], *,
@@ -711,7 +705,8 @@ def context_lines(rows: list[dict], *,
     if any("bfio-h0-lease" in by for by in cells.values()):
         n_lease = sum("bfio-h0-lease" in by for by in cells.values())
         out.append(f"- min(br0, brh-survival) ≤ bfio-h0-lease (BF-IO-H0 with the same "
-                   f"{KV_LEASE_S:g} s pool deadline): {len(lease_beaten)} of {n_lease} cells break it")
+                   f"{DEFAULT_LEASE.deadline_s:g} s pool deadline and first-token guard): "
+                   f"{len(lease_beaten)} of {n_lease} cells break it")
     out += floor_lines(rows)
     out += seed_lines(cells)
     if violations is None:
@@ -782,9 +777,11 @@ def quality_section(data: dict[str, list[dict]], figures: dict[str, str]) -> str
     if q:
         parts += ["## Decision quality: the matrix\n",
                   "Mean imbalance (tokens) per cell and policy; `balanceroute quality` prints the "
-                  "same. Open-loop loads are multiples of the measured saturated capacity (JSQ's "
-                  "saturated request rate on the same test half, G and B).\n",
-                  *matrix_lines(q), "", "Rules (acceptance of issue 10):\n", *rules_lines(q), ""]
+                  "same. A cell's n is the requests drawn from the workload: the first half fits "
+                  "the predictors, the second half is simulated (Table 1 above counts the simulated "
+                  "requests). Open-loop loads are multiples of the measured saturated capacity "
+                  "(JSQ's saturated request rate on the same test half, G and B).\n",
+                  *matrix_lines(q), "", "Rules:\n", *rules_lines(q), ""]
         side = paper_lines(q)
         if side:
             parts += ["Next to the paper's Table 1 (G = 8, saturated; the paper measured 910C NPUs "
@@ -809,7 +806,13 @@ def quality_section(data: dict[str, list[dict]], figures: dict[str, str]) -> str
                   "the baselines are one point each.\n",
                   "| workload | policy | ttft_slo_s | TTFT P99 (s) | mean imbalance | tok/s |",
                   "|---|---|---:|---:|---:|---:|"]
-        for r in sorted(pareto, key=lambda r: (r["workload"], r["policy"], str(r.get("ttft_slo_s", "")))):
+        def knob(value: Any) -> float:  # numbers in order, then off (no soft deadline)
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                return math.inf
+
+        for r in sorted(pareto, key=lambda r: (r["workload"], r["policy"], knob(r.get("ttft_slo_s")))):
             parts.append(f"| {r['workload']} | {r['policy']} | {r.get('ttft_slo_s', '') or '—'} | "
                          f"{float(r['ttft_s_p99']):.1f} | {float(r['mean_imbalance']):,.0f} | "
                          f"{float(r['throughput_loaded_tok_s']):,.0f} |")
@@ -829,105 +832,3 @@ def quality_section(data: dict[str, list[dict]], figures: dict[str, str]) -> str
                          f"{float(r['tpot_ms_p95']):.1f} | {float(r['mean_imbalance']):,.0f} |")
         parts.append("")
     return "\n".join(parts)
-
-
-def draw_pareto(rows: list[dict], path):
-    """TTFT P99 against mean imbalance, one panel per workload (the Pareto figure)."""
-    from pathlib import Path
-
-    import matplotlib
-
-    if not rows:
-        return None
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    workloads = sorted({r["workload"] for r in rows})
-    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.4), squeeze=False)
-    for ax, w in zip(axes[0], workloads):
-        mine = [r for r in rows if r["workload"] == w]
-        for p in sorted({r["policy"] for r in mine}):
-            pts = sorted((float(r["ttft_s_p99"]), float(r["mean_imbalance"])) for r in mine
-                          if r["policy"] == p)
-            style = "o-" if len(pts) > 1 else "s"
-            ax.plot([x for x, _ in pts], [y for _, y in pts], style, label=p, ms=4)
-        ax.set_title(w)
-        ax.set_xlabel("TTFT P99 (s)")
-        ax.set_ylabel("mean imbalance (tokens)")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-# --------------------------------------------------------------------------------- command
-
-
-def add_quality_args(p: argparse.ArgumentParser) -> None:
-    """Arguments of ``balanceroute quality``."""
-    p.add_argument("--full", action="store_true",
-                   help="the full matrix (48 saturated + 48 open-loop cells; long) instead of the quick one")
-    p.add_argument("--experiment", choices=("quality", "quality_seeds", "ttft_pareto",
-                                            "ttft_open_loop"),
-                   default="quality", help="which grid to run; quality_seeds judges the rules per "
-                   "group over held-out seeds (default: %(default)s)")
-    p.add_argument("--policies", default=None,
-                   help="only these rows, comma-separated (default: all of " + ",".join(QUALITY_POLICIES) + ")")
-    p.add_argument("--jobs", type=int, default=1, help="local worker processes (default: 1)")
-    p.add_argument("--csv", default=None, help="also write the rows to this CSV")
-    from balanceroute.progress import add_quiet_arg
-
-    add_quiet_arg(p)
-
-
-def run_quality(args: argparse.Namespace) -> int:
-    """``balanceroute quality``: run a grid, print the per-cell numbers and the rule counts."""
-    from balanceroute.catalogue import available_names
-    from balanceroute.progress import progress
-
-    from .args import policy_names_arg
-    from .sweep import RunByKind, run_grid, write_csv
-
-    if args.jobs < 1:
-        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
-    names = available_names()
-    if args.policies is not None:
-        names = policy_names_arg(args.policies, "--policies")
-        outside = [n for n in names if n not in QUALITY_POLICIES]
-        if outside:
-            raise ValueError(f"--policies: {', '.join(map(repr, outside))} not a matrix row; "
-                             f"rows: {', '.join(QUALITY_POLICIES)}")
-    cells = declare_quality("full" if args.full else "quick", names)[args.experiment]
-    bar = progress(len(cells), args.experiment, "cells", quiet=args.quiet)
-
-    def on_done(o: Any) -> None:
-        bar.set_postfix_str(f"{o.cell.workload} {o.cell.policy} G={o.cell.replicas}")
-        bar.update(1)
-
-    try:
-        grid = run_grid(cells, RunByKind({"quality": run_quality_cell}), jobs=args.jobs,
-                        cache_dir=None, use_cache=False, on_done=on_done)
-    finally:
-        bar.close()
-    rows = grid.rows
-    if args.csv:
-        write_csv(rows, args.csv)
-    if args.experiment == "quality_seeds":
-        print("\n".join(powered_lines(rows)))
-    elif args.experiment == "quality":
-        print("\n".join(matrix_lines(rows)))
-        print()
-        print("\n".join(rules_lines(rows, details=1000)))
-        side = paper_lines(rows)
-        if side:
-            print("\nNext to the paper's Table 1 (G = 8, saturated; compare the ratios):")
-            print("\n".join(side))
-    else:
-        print(quality_section({args.experiment: rows}, {}))
-    for cell, text in grid.errors:
-        print(f"cell failed: {cell.workload} {cell.policy}: {text.strip().splitlines()[-1]}", file=sys.stderr)
-    return 1 if grid.errors else 0

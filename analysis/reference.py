@@ -1,9 +1,9 @@
 """Straightforward pure-Python references: the yardsticks of the benchmarks and the tests.
 
-``reference_tick`` is DESIGN §2 written literally with lists and a heap, no numpy. It must make
+``reference_tick`` is the two-stage tick (:mod:`balanceroute.core.two_stage`) written literally with lists and a heap, no numpy. It must make
 the same decisions as :func:`balanceroute.core.two_stage.two_stage_assign` (a test checks it).
 
-``naive_simulate`` is DESIGN §1's dynamics written the obvious way: one Python object per
+``naive_simulate`` is the barrier model's dynamics written the obvious way: one Python object per
 request, a list of slots per replica, loads summed from the running requests every step. It
 must produce the same outcomes and metrics as :func:`balanceroute.core.simulator.simulate` (a
 test checks it); ``balanceroute bench`` times the simulator against it.
@@ -117,6 +117,12 @@ def reference_tick(
 
     top = max((value(i) for i in range(n)), default=0.0)
     slo = ttft_slo_s if ttft_slo_s is not None else float("inf")
+    ordered = sorted(float(x) for x in wait)
+    half = len(ordered) // 2
+    mid_wait = (0.0 if not ordered else ordered[half] if len(ordered) % 2
+                else (ordered[half - 1] + ordered[half]) / 2.0)
+    if 0 < slo < float("inf") and mid_wait > 0:  # the guard's scale: min(slo, 2·median wait)
+        slo = min(slo, 2.0 * mid_wait)
     urgency = [top * (wait[i] / slo) if slo < float("inf") else 0.0 for i in range(n)]
 
     def f_set(q: list[int], m: list[float]) -> float:
@@ -284,7 +290,7 @@ class _Replica:
 
 def naive_simulate(workload: Any, policy: Any, config: Any, *,
                    time_limit_s: float | None = None) -> dict[str, Any]:
-    """DESIGN §1's dynamics with per-request objects; ``policy.assign`` decides each tick.
+    """The barrier model's dynamics with per-request objects; ``policy.assign`` decides each tick.
 
     Returns ``{"metrics": ..., "replica", "start_step", "finish_step", "ttft_s", "tpot_s",
     "pool_wait_s"}`` shaped like :class:`~balanceroute.core.simulator.SimResult`. With
@@ -396,6 +402,10 @@ def naive_simulate(workload: Any, policy: Any, config: Any, *,
     ticked = np.array([r.tick_time for r in requests])
     arrived = joined if saturated else np.array(arrival)
     per_request, tpot, ttft, wait = request_metrics(out, first, last, arrived, ticked, joined)
+    lease = getattr(config, "lease", None)  # the KV lease: counted, its re-prefill not modelled
+    if lease is not None and np.any(wait >= lease.forward_by_s):
+        raise NotImplementedError("naive_simulate does not model the KV lease's re-prefill")
+    per_request = {**per_request, "kv_lease_reprefilled": 0.0, "kv_lease_failed": 0.0}
     loaded_i, loaded_gm, loaded_steps = loaded
     metrics = {
         "requests": float(n),

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .sweep import CellOutcome, GridResult
+from .sweep import Cell, CellOutcome, GridResult
 
 __all__ = ["ReproduceResult", "add_arguments", "draw_figures", "reproduce", "run_reproduce"]
 
@@ -44,20 +44,11 @@ def draw_figures(out: Path) -> dict[str, Path]:
     without matplotlib, the `plot` extra: the report then has tables only)."""
     import importlib.util
 
-    from .figures import FIGURES
-    from .sweep import read_csv
-
     if importlib.util.find_spec("matplotlib") is None:
         return {}
-    drawn: dict[str, Path] = {}
-    for name, (experiment, draw) in FIGURES.items():
-        csv_path = out / "data" / f"{experiment}.csv"
-        if not csv_path.exists():
-            continue
-        path = draw(read_csv(csv_path), out / "figures" / f"{name}.png")
-        if path is not None:
-            drawn[name] = path
-    return drawn
+    from .figures import redraw
+
+    return redraw(out)
 
 
 def reproduce(
@@ -72,12 +63,12 @@ def reproduce(
     report_only: bool = False,
     command: str = "balanceroute reproduce",
     profile=None,
-    on_start: Callable[[int], None] | None = None,
+    on_start: Callable[[list[Cell]], None] | None = None,
     on_done: Callable[[CellOutcome], None] | None = None,
 ) -> ReproduceResult:
     """Run the grids (unless ``report_only``), write CSVs, figures and ``REPORT.md`` under
     ``out``. ``only``: a subset of experiment names (the others' CSVs are kept as they are);
-    ``profile``: override the sizes (tests); ``on_start(n_cells)`` and ``on_done(outcome)``
+    ``profile``: override the sizes (tests); ``on_start(cells)`` and ``on_done(outcome)``
     report progress."""
     from balanceroute.catalogue import available_names
 
@@ -110,7 +101,7 @@ def reproduce(
     if not report_only:
         cells = [c for cs in grids.values() for c in cs]
         if on_start is not None:
-            on_start(len(cells))
+            on_start(cells)
         grid = run_grid(cells, run_cell, backend=backend, jobs=jobs, cache_dir=out / "cache",  # type: ignore[arg-type]
                         use_cache=use_cache, address=address, cost=cell_cost, on_done=on_done)
         for experiment in grids:
@@ -131,6 +122,15 @@ def reproduce(
     rel = {name: path.relative_to(out).as_posix() for name, path in figures.items()}
     report = out / "REPORT.md"
     report.write_text(build_report(out, ctx, rel))
+    root = out.resolve().parent.parent
+    if out.resolve() == root / "papers" / "reproduction" and (root / "README.md").exists():
+        from .frontdoor import update  # the committed report's CSVs feed README's generated blocks
+
+        try:
+            update(root)
+        except (ValueError, KeyError, OSError) as exc:  # the report stands; say what was not rewritten
+            errors.append(f"README/docs generated blocks not rewritten ({exc}); "
+                          "run `balanceroute report --readme`")
     return ReproduceResult(out=out, report=report, csvs=csvs, figures=figures, grid=grid,
                            errors=errors)
 
@@ -173,19 +173,30 @@ def run_reproduce(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     out = Path(args.out) if args.out else Path(DEFAULT_OUT) / (QUICK_SUBDIR if args.quick else "")
+    from balanceroute.cli_checks import output_dir
+
+    output_dir(out, "--out")
     only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only else None
     bar = None
 
-    def on_start(n: int) -> None:
-        nonlocal bar
-        bar = progress(n, "reproduce", "cells", quiet=args.quiet)
+    from .experiments import cell_cost
+
+    def on_start(cells: list[Cell]) -> None:
+        nonlocal bar  # the time left weighs each cell by its estimated cost, not one a cell
+        bar = progress(len(cells), "reproduce", "cells", quiet=args.quiet,
+                       work_total=sum(map(cell_cost, cells)))
 
     def on_done(o: CellOutcome) -> None:
         if bar is not None:
             bar.set_postfix_str(f"{o.cell.experiment} {o.cell.policy or o.cell.kind} "
                                 f"G={o.cell.replicas}" + (" (cached)" if o.cached else ""))
-            bar.update(1)
+            (bar.skip if o.cached else bar.update)(1, work=cell_cost(o.cell))
 
+    if not args.report_only:
+        from balanceroute.warm import announce, warm_kernels
+
+        if announce((lambda text: None) if args.quiet else None):
+            warm_kernels()  # once here, so the workers load the kernels instead of each compiling
     words = ["balanceroute", "reproduce"] + (["--quick"] if args.quick else [])
     try:
         result = reproduce(out, quick=args.quick, backend=args.backend, jobs=args.jobs,

@@ -158,6 +158,7 @@ def run_tune(args: argparse.Namespace) -> int:
     """Handler of ``balanceroute tune``."""
     from balanceroute.analysis.args import limits_from_args, workload_from_args
     from balanceroute.catalogue import CATALOGUE
+    from balanceroute.cli_checks import output_file
     from balanceroute.core.predictors import split_workload
     from balanceroute.progress import progress
 
@@ -165,6 +166,9 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.predictor not in variants:
         raise ValueError(f"--predictor {args.predictor!r}: choose one of {', '.join(variants)}")
     variant = variants[args.predictor]
+    if args.trials < 1:
+        raise ValueError(f"--trials={args.trials} must be >= 1")
+    output_file(args.write_params, "--write-params")
     limits = limits_from_args(args)
     limits.check("max_replicas", args.replicas, "--replicas")
     limits.check("max_slots", args.slots, "--slots")

@@ -190,7 +190,7 @@ def build_policy(
     entry = policy_entry(name, online=online)
     if entry.module is not None and importlib.util.find_spec(entry.module) is None:
         raise ValueError(f"policy {name!r} needs the {entry.extra} extra: "
-                         f"pip install 'balanceroute[{entry.extra}]'")
+                         f"pip install '.[{entry.extra}]' in a clone of the repository")
     if online and entry.learner is None:
         return get_policy(name, **dict(params or {}))
     if online:

@@ -275,7 +275,7 @@ def _routers(mapping: dict[str, Any], exe: str | None, floor: bool = False,
     """(name, context manager yielding (url, process)) of ours, the peer when installed, and
     when asked the floor (on the native stack; with ``uvicorn`` also on uvicorn) and ours under
     uvicorn (``--http-server uvicorn``). Ours without health probes: on a saturated machine one
-    late probe ejects a replica (issue 12), and vllm-router probes once a minute; the relay is
+    late probe ejects a replica, and vllm-router probes once a minute; the relay is
     what is measured."""
     ours = {**mapping, "slots": 64, "policy": "br0", "health_interval_s": 0}
     workers = [d["url"] for d in mapping["decode"]]

@@ -1,5 +1,5 @@
 """The pure-Python references, re-exported from the package (``balanceroute bench`` needs them
-installed): ``reference_tick`` (DESIGN §2, literally) and ``naive_simulate`` (DESIGN §1 with one
+installed): ``reference_tick`` (the two-stage tick, literally) and ``naive_simulate`` (the model's dynamics with one
 object per request). Tests and benchmark scripts import them from here."""
 
 from balanceroute.analysis.reference import naive_simulate, reference_tick

@@ -48,48 +48,49 @@ RUNNING, DONE, MAX_STEPS, STUCK = 0, 1, 2, 3
 
 
 @njit
-def _score_one(delta, loads, env, g, d, ad, beta):  # pragma: no cover - compiled
+def _score_one(delta, loads, env, g, d, ad, beta, lim):  # pragma: no cover - compiled
     """The paper's F(Δ) on replica g."""
     total = 0.0
     for h in range(d.shape[0]):
-        x = delta - (env[h] - loads[g, h])
+        x = delta - (env[h] - loads[g, h]) * lim[1][g]
         if x > 0.0:
             total += d[h] * x
     return ad * delta - beta * total
 
 
 @njit
-def _score_traj(traj, loads, env, g, d, alpha, beta):  # pragma: no cover - compiled
+def _score_traj(traj, loads, env, g, d, alpha, beta, lim):  # pragma: no cover - compiled
     """The exact F of a contribution trajectory ``traj`` (W,) on replica g."""
     lin = 0.0
     total = 0.0
     for h in range(d.shape[0]):
         lin += d[h] * traj[h]
-        x = traj[h] - (env[h] - loads[g, h])
+        x = traj[h] - (env[h] - loads[g, h]) * lim[1][g]
         if x > 0.0:
             total += d[h] * x
     return alpha * lin - beta * total
 
 
 @njit
-def _single(i, g, loads, env, sizes, growth, d, alpha, ad, beta, exact, traj):  # pragma: no cover
-    """F({i}) on replica g (without the urgency bonus)."""
+def _single(i, g, loads, env, sizes, growth, d, alpha, ad, beta, exact, traj,
+            lim):  # pragma: no cover - compiled
+    """F({i}) on replica g (without the urgency bonus), in replica g's token units."""
     if not exact:
-        return _score_one(sizes[i], loads, env, g, d, ad, beta)
+        return _score_one(sizes[i], loads, env, g, d, ad, beta, lim)
     for h in range(d.shape[0]):
         traj[h] = sizes[i] + growth[i, h]
-    return _score_traj(traj, loads, env, g, d, alpha, beta)
+    return _score_traj(traj, loads, env, g, d, alpha, beta, lim)
 
 
 @njit
 def _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus,
-                 tot, out):  # pragma: no cover - compiled
+                 tot, out, lim):  # pragma: no cover - compiled
     """out[j] = F({j}) + u_j on replica g for every pooled request j (dead ones included)."""
     n = sizes.shape[0]
     for j in range(n):
         tot[j] = 0.0
     for h in range(d.shape[0]):
-        m = env[h] - loads[g, h]
+        m = (env[h] - loads[g, h]) * lim[1][g]
         if m >= cmax[h]:  # no pooled request overflows this step's margin
             continue
         dh = d[h]
@@ -165,6 +166,11 @@ def _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact,
     if exact:
         _values(sizes, growth, d, lin)
     bonus = np.zeros(n_pool)
+    # --- first-token guard's scale: min(ttft_slo_s, 2·median pool wait) (two_stage.urgency_scale)
+    mid_wait = np.median(wait) if n_pool > 0 else 0.0
+    if ttft_slo_s > 0.0 and ttft_slo_s < np.inf and mid_wait > 0.0:
+        ttft_slo_s = min(ttft_slo_s, 2.0 * mid_wait)
+    # --- end first-token guard's scale
     if ttft_slo_s > 0.0 and ttft_slo_s < np.inf:
         top = -np.inf
         for j in range(n_pool):
@@ -258,10 +264,47 @@ def _ordered(t, ub, order, count):  # pragma: no cover - compiled
 
 
 @njit
-def _margins(loads, env, g, marg):  # pragma: no cover - compiled
-    """marg[h] = M̂(h) − L̂_g(h), the margins of replica g."""
+def _margins(loads, env, g, marg, lim):  # pragma: no cover - compiled
+    """marg[h] = (M̂(h) − L̂_g(h))/w_g, the margins of replica g in its token units."""
     for h in range(marg.shape[0]):
-        marg[h] = env[h] - loads[g, h]
+        marg[h] = (env[h] - loads[g, h]) * lim[1][g]
+
+
+@njit
+def _fits(j, g, lim):  # pragma: no cover - compiled
+    """Whether request j fits replica g's KV room in every step of the budget window:
+    cost_j(h) ≤ room_g(h) (always, without a budget: a window of width 0)."""
+    room, cost = lim[2], lim[3]
+    for h in range(room.shape[1]):
+        if cost[j, h] > room[g, h]:
+            return False
+    return True
+
+
+@njit
+def _set_fits(q, n_q, g, lim):  # pragma: no cover - compiled
+    """Whether the pool indices ``q[:n_q]`` fit replica g's KV room together."""
+    room, cost = lim[2], lim[3]
+    for h in range(room.shape[1]):
+        acc = 0.0
+        for t in range(n_q):
+            acc += cost[q[t], h]
+        if acc > room[g, h]:
+            return False
+    return True
+
+
+@njit
+def _subset_fits(cand, idx, size, g, lim):  # pragma: no cover - compiled
+    """Whether the candidates ``cand[idx[:size]]`` fit replica g's KV room together."""
+    room, cost = lim[2], lim[3]
+    for h in range(room.shape[1]):
+        acc = 0.0
+        for t in range(size):
+            acc += cost[cand[idx[t]], h]
+        if acc > room[g, h]:
+            return False
+    return True
 
 
 @njit
@@ -284,13 +327,15 @@ def _one_score(j, sizes, growth, exact, lin, marg, d, alpha, ad, beta,
 
 @njit
 def _best_k(k, order, count, ub, alive, sizes, growth, exact, lin, marg, d, alpha, ad, beta,
-            bonus, cand, cand_f):  # pragma: no cover - compiled
+            bonus, cand, cand_f, g, lim):  # pragma: no cover - compiled
     """``cand[:n]``: the ``k`` live requests with the largest F({j}) + u_j, best first (ties: pool
-    order), by best-first search in the bound order; returns n = min(k, live requests)."""
+    order), by best-first search in the bound order, among those that fit replica g's KV room;
+    returns n = min(k, such requests)."""
     n_c = 0
+    budget = lim[2].shape[1] > 0
     for t in range(ub.shape[0]):
         j = _ordered(t, ub, order, count)
-        if not alive[j]:
+        if not alive[j] or (budget and not _fits(j, g, lim)):
             continue
         if n_c == k and ub[j] < cand_f[k - 1]:
             break
@@ -314,20 +359,22 @@ def _best_k(k, order, count, ub, alive, sizes, growth, exact, lin, marg, d, alph
 
 @njit
 def _pick_k(prune, k, order, count, ub, alive, sizes, growth, exact, lin, cmax, loads, env, g, d,
-            alpha, ad, beta, bonus, tot, f1, marg, cand, cand_f):  # pragma: no cover - compiled
-    """``cand[:k]``: the ``k`` (≤ live) requests with the largest F({j}) + u_j on replica g, best
-    first (ties: pool order), and ``cand_f[:k]`` their scores: best-first (``prune``) or by scoring
-    the whole pool. ``k = 1`` is the best single request (Stage 1, the fill, the guard)."""
+            alpha, ad, beta, bonus, tot, f1, marg, cand, cand_f, lim):  # pragma: no cover
+    """``cand[:n]``: the ``k`` (≤ live) requests with the largest F({j}) + u_j on replica g, best
+    first (ties: pool order), and ``cand_f[:n]`` their scores: best-first (``prune``) or by scoring
+    the whole pool; with a KV budget only the requests that fit g's room. ``k = 1`` is the best
+    single request (Stage 1, the fill, the guard). Returns n (0: nothing fits)."""
     if prune:
-        _margins(loads, env, g, marg)
-        _best_k(k, order, count, ub, alive, sizes, growth, exact, lin, marg, d, alpha, ad, beta,
-                bonus, cand, cand_f)
-        return
-    _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus, tot, f1)
+        _margins(loads, env, g, marg, lim)
+        return _best_k(k, order, count, ub, alive, sizes, growth, exact, lin, marg, d, alpha, ad,
+                       beta, bonus, cand, cand_f, g, lim)
+    _pool_scores(sizes, growth, exact, lin, cmax, loads, env, g, d, alpha, ad, beta, bonus, tot, f1,
+                 lim)
+    budget = lim[2].shape[1] > 0
     n_c = 0
     last = 0.0  # f1[cand[k − 1]] once k are kept (a local: the scan compares every request to it)
     for j in range(sizes.shape[0]):
-        if not alive[j]:
+        if not alive[j] or (budget and not _fits(j, g, lim)):
             continue
         v = f1[j]
         if n_c == k:
@@ -345,16 +392,21 @@ def _pick_k(prune, k, order, count, ub, alive, sizes, growth, exact, lin, cmax, 
             last = f1[cand[k - 1]]
     for t in range(n_c):
         cand_f[t] = f1[cand[t]]
+    return n_c
 
 
 @njit
-def _place(i, g, loads, env, sizes, growth, has_growth, free, alive):  # pragma: no cover
-    """Request i joins replica g: L̂_g += s_i (+ growth_i); the envelope follows. Returns whether
-    the envelope changed (every replica's margins then changed)."""
+def _place(i, g, loads, env, sizes, growth, has_growth, free, alive, lim):  # pragma: no cover
+    """Request i joins replica g: L̂_g += w_g·(s_i (+ growth_i)), its KV room shrinks by cost_i;
+    the envelope follows. Returns whether the envelope changed (every replica's margins then
+    changed)."""
     n_rep, width = loads.shape
+    room, cost = lim[2], lim[3]
+    for h in range(room.shape[1]):
+        room[g, h] -= cost[i, h]
     moved = False
     for h in range(width):
-        add = sizes[i] + growth[i, h] if has_growth else sizes[i]
+        add = (sizes[i] + growth[i, h] if has_growth else sizes[i]) * lim[0][g]
         loads[g, h] += add
         if add >= 0.0:
             if loads[g, h] > env[h]:
@@ -594,7 +646,7 @@ def _fill_replica(free, loads, env, d, alpha, beta, by_level, marg, level,
 
 @njit
 def _set_score(q, n_q, sizes, growth, exact, bonus, loads, env, g, d, alpha, ad, beta,
-               traj):  # pragma: no cover - compiled
+               traj, lim):  # pragma: no cover - compiled
     """F(Q) + Σ_{i∈Q} u_i on replica g for the pool indices ``q[:n_q]`` (the reference's order)."""
     width = d.shape[0]
     urg = 0.0
@@ -606,26 +658,34 @@ def _set_score(q, n_q, sizes, growth, exact, bonus, loads, env, g, d, alpha, ad,
             for t in range(n_q):
                 acc += sizes[q[t]] + growth[q[t], h]
             traj[h] = acc
-        return _score_traj(traj, loads, env, g, d, alpha, beta) + urg
+        return _score_traj(traj, loads, env, g, d, alpha, beta, lim) + urg
     delta = 0.0
     for t in range(n_q):
         delta += sizes[q[t]]
-    return _score_one(delta, loads, env, g, d, ad, beta) + urg
+    return _score_one(delta, loads, env, g, d, ad, beta, lim) + urg
 
 
 @njit
 def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, lin, cmax, d, alpha,
                 ad, beta, bonus, tot, f1, traj, mg, alive, placed, remaining, by_level, prune,
-                order, count, ub, cand, cand_f, out_i, out_g):  # pragma: no cover - compiled
+                order, count, ub, cand, cand_f, out_i, out_g, lim):  # pragma: no cover - compiled
     """Stage 2 as a fill (``r_max = 0``): while slots are left, the open replica with the largest
     fill level (``by_level``; else margin m(0); ties: more free slots, lower index, see
     :func:`_fill_replica`) takes the best of the DP's proposals
     (:func:`_fill_proposals` over the oldest ``FILL_WINDOW`` pooled requests, sizes in quanta of
     q = 1 + 2·safe // ``FILL_LEVELS``, safe = ⌊min_h m_h⌋) and the best single request, by
     F(Q) + Σ u_i (ties: the earlier proposal, the single last); if that is ≤ 0, the best single
-    request (starvation guard). Returns the new ``placed``."""
+    request (starvation guard). With a KV budget only sets that fit the replica's room are
+    candidates, and a replica where no request fits closes for the tick. Returns the new
+    ``placed``."""
     width = loads.shape[1]
     n_pool = sizes.shape[0]
+    budget = lim[2].shape[1] > 0
+    extra = 0.0  # budget: the largest cost_j(0) − s_j (BR-0's growth reserve per request)
+    if budget:
+        for j in range(n_pool):
+            if lim[3][j, 0] - sizes[j] > extra:
+                extra = lim[3][j, 0] - sizes[j]
     items = np.empty(min(n_pool, FILL_WINDOW), dtype=np.int64)
     qsize = np.empty(min(n_pool, FILL_WINDOW), dtype=np.int64)
     q_set = np.empty(n_pool, dtype=np.int64)
@@ -635,8 +695,12 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
     while placed < remaining:
         g = _fill_replica(free, loads, env, d, alpha, beta, by_level, marg, level, known)
         # best F({i}) + u_i, ties: pool order
-        _pick_k(prune, 1, order, count, ub, alive, sizes, growth, exact, lin, cmax, loads, env, g,
-                d, alpha, ad, beta, bonus, tot, f1, mg, cand, cand_f)
+        if _pick_k(prune, 1, order, count, ub, alive, sizes, growth, exact, lin, cmax, loads, env,
+                   g, d, alpha, ad, beta, bonus, tot, f1, mg, cand, cand_f, lim) == 0:
+            free_sum -= free[g]  # budget: nothing fits g, which closes for this tick
+            free[g] = 0
+            remaining = placed + min(free_sum, n_pool - placed)
+            continue
         single, f_single = cand[0], cand_f[0]
         cap = min(free[g], remaining - placed)
         # every slot but the tick's slack (Σ free − still to place) is filled this tick, so g takes
@@ -646,18 +710,25 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
         for h in range(1, width):
             if env[h] - loads[g, h] < low:
                 low = env[h] - loads[g, h]
+        low = low * lim[1][g]
         safe = int(np.floor(low)) if low > 0.0 else 0
+        hi = 2 * safe
+        if budget:  # sums above the room cannot fit (cost_j(0) ≥ s_j + extra ... ≥ s_j)
+            lim_s = lim[2][g, 0] - cap * extra
+            top = int(np.floor(lim_s)) if lim_s > 0.0 else 0
+            safe = min(safe, top)
+            hi = min(hi, top)
         best_f = -np.inf
         best_n = 0
         if safe > 0:
-            quantum = 1 + (2 * safe) // FILL_LEVELS
+            quantum = 1 + hi // FILL_LEVELS
             safe_q = safe // quantum
-            hi_q = (2 * safe) // quantum
+            hi_q = hi // quantum
             n_items = 0
             for j in range(n_pool):
                 if n_items == items.shape[0]:
                     break
-                if not alive[j]:
+                if not alive[j] or (budget and not _fits(j, g, lim)):
                     continue
                 w = (int(np.ceil(sizes[j])) + quantum - 1) // quantum
                 if w <= hi_q:
@@ -673,8 +744,10 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
                 for p in range(n_prop):
                     for t in range(prop_len[p]):
                         q_set[t] = items[prop[p, t]]
+                    if budget and not _set_fits(q_set, prop_len[p], g, lim):
+                        continue
                     f = _set_score(q_set, prop_len[p], sizes, growth, exact, bonus, loads, env, g,
-                                   d, alpha, ad, beta, traj)
+                                   d, alpha, ad, beta, traj, lim)
                     if f > best_f:
                         best_f = f
                         best_n = prop_len[p]
@@ -690,7 +763,7 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
         known[g] = False
         for _ in range(best_n):
             i = out_i[placed]
-            if _place(i, g, loads, env, sizes, growth, has_growth, free, alive):
+            if _place(i, g, loads, env, sizes, growth, has_growth, free, alive, lim):
                 known[:] = False
             free_sum -= 1
             out_g[placed] = g
@@ -699,13 +772,14 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
 
 
 @njit
-def lpt_batch(loads0, free0, sizes, out_i, out_g, count):  # pragma: no cover - compiled
+def lpt_batch(loads0, free0, sizes, out_i, out_g, count, w):  # pragma: no cover - compiled
     """A small batch placed whole (every pooled request, Stage 1 only): the LPT plan — largest
     prompt first (ties: pool order), each to the least-loaded replica with a free slot (ties:
     more free slots, lower index) — replaces the tick's ``count`` decisions in ``out_i``/``out_g``
     when it overflows the current envelope max_g L_g less, Σ_g (L'_g − max_g L_g)_+ (ties keep
-    the tick's). ``loads0`` (G,) and ``free0`` (G,): the loads and free slots before the tick.
-    Returns whether it did."""
+    the tick's). ``loads0`` (G,) and ``free0`` (G,): the loads and free slots before the tick;
+    ``w`` (G,): each replica's step-time weight (a request of s tokens adds w_g·s). Returns
+    whether it did."""
     n_rep = loads0.shape[0]
     top = loads0[0]
     for g in range(1, n_rep):
@@ -713,7 +787,7 @@ def lpt_batch(loads0, free0, sizes, out_i, out_g, count):  # pragma: no cover - 
             top = loads0[g]
     lo = loads0.copy()
     for t in range(count):
-        lo[out_g[t]] += sizes[out_i[t]]
+        lo[out_g[t]] += sizes[out_i[t]] * w[out_g[t]]
     over_tick = 0.0
     for g in range(n_rep):
         if lo[g] > top:
@@ -731,7 +805,7 @@ def lpt_batch(loads0, free0, sizes, out_i, out_g, count):  # pragma: no cover - 
                               or (lo[g] == lo[best] and fr[g] > fr[best])):
                 best = g
         lpt_g[t] = best
-        lo[best] += sizes[i]
+        lo[best] += sizes[i] * w[best]
         fr[best] -= 1
     over_lpt = 0.0
     for g in range(n_rep):
@@ -749,11 +823,20 @@ def lpt_batch(loads0, free0, sizes, out_i, out_g, count):  # pragma: no cover - 
 def two_stage_kernel(
     loads, free, sizes, wait, d, alpha, beta, s_greedy, r_max, deadline_s, growth, has_growth,
     exact_score, fit_stage1, growth_steps, ttft_slo_s, fill_by_level, lpt_batches, out_i, out_g,
+    lim,
 ):  # pragma: no cover - compiled; tested against the reference through two_stage_assign
     """The tick of :func:`two_stage_assign` on mutable copies ``loads`` (G, W) and ``free``;
-    writes the decisions to ``out_i``/``out_g`` and returns how many there are."""
+    writes the decisions to ``out_i``/``out_g`` and returns how many there are.
+
+    ``lim`` = (w, 1/w, room, cost): replica g's step-time weight w_g (``loads`` are then in step
+    time over the reference replica's a: a request of s tokens adds w_g·s, and scores are taken
+    in g's own tokens against its margin/w_g — ones: §1's token form, bit for bit) and the KV
+    budget window: ``room`` (G, K) and ``cost`` (P, K), request j fitting replica g while
+    cost_j(h) ≤ room_g(h) for every h; K = 0: no budget. A replica where nothing fits closes
+    for the tick (the tick then places fewer than min(Σ free, P))."""
     n_rep, width = loads.shape
     n_pool = sizes.shape[0]
+    budget = lim[2].shape[1] > 0
     exact = exact_score and has_growth
     total_d = 0.0
     for h in range(width):
@@ -774,7 +857,8 @@ def two_stage_kernel(
         return 0
     # a small batch placed whole in Stage 1 (fewer than 2G requests, room to spare): checked
     # against LPT at the end (``lpt_batch``)
-    batch = lpt_batches and n_pool < BACKLOG_PER_REPLICA * n_rep and free_sum - n_pool >= s_greedy
+    batch = (lpt_batches and n_pool < BACKLOG_PER_REPLICA * n_rep and free_sum - n_pool >= s_greedy
+             and not budget)  # (LPT knows no budget)
     loads0 = loads[:, 0].copy() if batch else np.empty(0)
     free0 = free.copy() if batch else np.empty(0, dtype=np.int64)
     lin, bonus, ub, prune, ranked, ranked_n, cmax = _pool_setup(
@@ -809,15 +893,19 @@ def two_stage_kernel(
             best_f = 0.0
             best_m = 0.0
             for g in range(n_rep):
-                if free[g] <= 0:
+                if free[g] <= 0 or (budget and not _fits(i, g, lim)):
                     continue
-                f = _single(i, g, loads, env, sizes, growth, d, alpha, ad, beta, exact, traj)
+                # in step time: w_g times the score in g's tokens
+                f = _single(i, g, loads, env, sizes, growth, d, alpha, ad, beta, exact, traj,
+                            lim) * lim[0][g]
                 m0 = env[0] - loads[g, 0]
                 if (best_g < 0 or f > best_f
                         or (f == best_f and (free[g] > free[best_g]
                                              or (free[g] == free[best_g] and m0 > best_m)))):
                     best_g, best_f, best_m = g, f, m0
-            _place(i, best_g, loads, env, sizes, growth, has_growth, free, alive)
+            if best_g < 0:  # budget: it fits nowhere now and stays pooled
+                continue
+            _place(i, best_g, loads, env, sizes, growth, has_growth, free, alive, lim)
             free_sum -= 1
             out_i[placed] = i
             out_g[placed] = best_g
@@ -844,31 +932,40 @@ def two_stage_kernel(
                     g, best_m = r, m0
             elif free[r] > free[g] or (free[r] == free[g] and loads[r, 0] < loads[g, 0]):
                 g, best_m = r, m0
-        _pick_k(prune, 1, ranked, ranked_n, ub, alive, sizes, growth, exact, lin, cmax, loads, env,
-                g, d, alpha, ad, beta, bonus, tot, f1, mg, cand, cand_f)
+        if _pick_k(prune, 1, ranked, ranked_n, ub, alive, sizes, growth, exact, lin, cmax, loads,
+                   env, g, d, alpha, ad, beta, bonus, tot, f1, mg, cand, cand_f, lim) == 0:
+            free_sum -= free[g]  # budget: nothing fits g, which closes for this tick
+            free[g] = 0
+            remaining = placed + min(free_sum, n_pool - placed)
+            continue
         i = cand[0]
-        _place(i, g, loads, env, sizes, growth, has_growth, free, alive)
+        _place(i, g, loads, env, sizes, growth, has_growth, free, alive, lim)
         free_sum -= 1
         out_i[placed] = i
         out_g[placed] = g
         placed += 1
     if batch:  # everything is placed: LPT instead, if it overflows the envelope less
-        lpt_batch(loads0, free0, sizes, out_i, out_g, placed)
+        lpt_batch(loads0, free0, sizes, out_i, out_g, placed, lim[0])
         return placed
 
     if r_max <= 0:  # (2') the fill: exact subset sums over the pool, replicas by margin
         return _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, lin, cmax,
                            d, alpha, ad, beta, bonus, tot, f1, traj, mg, alive, placed,
                            remaining, fill_by_level, prune, ranked, ranked_n, ub, cand, cand_f,
-                           out_i, out_g)
+                           out_i, out_g, lim)
     # (2) scarce room: best subset of the top r_max candidates for the top replica
     idx = np.empty(max(r_max, 1), dtype=np.int64)
     best_q = np.empty(max(r_max, 1), dtype=np.int64)
     while placed < remaining:
         g = _stage2_replica(free, loads, env, False)
         k = min(r_max, n_pool - placed)
-        _pick_k(prune, k, ranked, ranked_n, ub, alive, sizes, growth, exact, lin, cmax, loads, env,
-                g, d, alpha, ad, beta, bonus, tot, f1, mg, cand, cand_f)
+        k = _pick_k(prune, k, ranked, ranked_n, ub, alive, sizes, growth, exact, lin, cmax, loads,
+                    env, g, d, alpha, ad, beta, bonus, tot, f1, mg, cand, cand_f, lim)
+        if k == 0:
+            free_sum -= free[g]  # budget: nothing fits g, which closes for this tick
+            free[g] = 0
+            remaining = placed + min(free_sum, n_pool - placed)
+            continue
         cap = min(free[g], k)
         best_f = -np.inf
         best_size = 0
@@ -879,6 +976,7 @@ def two_stage_kernel(
                 urg = 0.0
                 for t in range(size):
                     urg += bonus[cand[idx[t]]]
+                fits = not budget or _subset_fits(cand, idx, size, g, lim)
                 if exact:
                     for h in range(width):
                         acc = 0.0
@@ -886,13 +984,13 @@ def two_stage_kernel(
                             j = cand[idx[t]]
                             acc += sizes[j] + growth[j, h]
                         traj[h] = acc
-                    f = _score_traj(traj, loads, env, g, d, alpha, beta) + urg
+                    f = _score_traj(traj, loads, env, g, d, alpha, beta, lim) + urg
                 else:
                     delta = 0.0
                     for t in range(size):
                         delta += sizes[cand[idx[t]]]
-                    f = _score_one(delta, loads, env, g, d, ad, beta) + urg
-                if f > best_f:
+                    f = _score_one(delta, loads, env, g, d, ad, beta, lim) + urg
+                if fits and f > best_f:
                     best_f = f
                     best_size = size
                     for t in range(size):
@@ -910,7 +1008,7 @@ def two_stage_kernel(
             best_q[0] = 0
         for t in range(best_size):
             i = cand[best_q[t]]
-            _place(i, g, loads, env, sizes, growth, has_growth, free, alive)
+            _place(i, g, loads, env, sizes, growth, has_growth, free, alive, lim)
             free_sum -= 1
             out_i[placed] = i
             out_g[placed] = g
@@ -1005,6 +1103,8 @@ def simulate_loop(
     chosen = np.empty(cap, dtype=np.int64)
     ones = np.ones(1)
     no_growth = np.zeros((0, 1))
+    # equal replicas, no KV budget (the fused loop models neither)
+    lim = (np.ones(g_count), np.ones(g_count), np.zeros((g_count, 0)), np.zeros((cap, 0)))
     steps_here = 0
     while True:
         if finished >= n:
@@ -1047,7 +1147,7 @@ def simulate_loop(
                 n_chosen = two_stage_kernel(
                     proj, free, sizes[:pool_n], waited[:pool_n], ones, 1.0, beta, s_greedy,
                     r_max, deadline_s, no_growth, False, False, fit_stage1, growth_steps, ttft_slo_s,
-                    True, lpt_batches, out_i, out_g,
+                    True, lpt_batches, out_i, out_g, lim,
                 )
                 for t in range(n_chosen):
                     rid = pool[out_i[t]]

@@ -1,4 +1,4 @@
-"""The decode step's time, its barrier imbalance and the metrics every engine reports (DESIGN §1).
+"""The decode step's time, its barrier imbalance and the metrics every engine reports.
 
 One home for the formulas shared by the simulator (:mod:`.simulator`), the emulated cluster
 (``serving/emulator.py``), the pure-Python reference (``analysis/reference.py``) and the

@@ -1,4 +1,4 @@
-"""The barrier model of DESIGN §1 as pure numpy functions.
+"""The barrier model (``papers/theory.md``) as pure numpy functions.
 
 Every function accepts a 1-D array of per-replica values ``(G,)`` or a batch ``(..., G)`` and
 reduces over the last axis. Loads are KV tokens: ``L_g = Σ_{i on g} (s_i + a_i)``.

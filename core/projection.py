@@ -1,4 +1,4 @@
-"""BR-H's load projection over the window h = 0..H (DESIGN §1, Horizon), vectorised.
+"""BR-H's load projection over the window h = 0..H (``papers/horizon_score.md``), vectorised.
 
 A request is *present* at step k + h while h < its departure step ``dep`` (``1 ≤ dep ≤ H + 1``;
 ``H + 1`` = it stays the whole window). While present it holds s + a + h KV tokens (it grows one

@@ -1,4 +1,4 @@
-"""The step-synchronous data-parallel decode cluster of DESIGN §1.
+"""The step-synchronous data-parallel decode cluster of the barrier model (``papers/theory.md``).
 
 Per decode step k, in this order: (1) the scheduling tick assigns pooled requests to free slots
 (bound for life); (2) the step runs on the loads it has: L_g(k), I(k) are recorded and τ(k)
@@ -25,8 +25,10 @@ from ._jit import HAVE_NUMBA
 from ._kernels import skip_tickless_steps
 from .dynamics import StepModel, request_metrics, step_metrics
 from .fused import compiled_tick, run_fused
+from .lease import DEFAULT_LEASE, LeaseRule
 from .outcomes import RequestColumns
 from .policies.base import Policy
+from .replica_engine import RECOMPUTE_S_PER_TOKEN, ReplicaEngine
 from .state import ClusterState, PoolView, validate_assignment
 from .workloads.base import Workload
 
@@ -42,6 +44,19 @@ class SimConfig:
     join the pool at ``arrival_s / rate_scale + prefill_delay_s``.
     ``pool_size`` defaults to 2·G (enough choice for the tick, short enough that pool waits stay
     far below a KV lease).
+    ``lease``: the KV lease (:class:`~balanceroute.core.lease.LeaseRule`): a pooled request whose
+    wait reaches ``lease.forward_by_s`` is never placed; it is prefilled again (rejoins the pool
+    ``prefill_delay_s`` after that point, its wait restarted) up to ``lease.max_reprefills``
+    times, then failed (metrics ``kv_lease_reprefilled``, ``kv_lease_failed``: counts;
+    ``kv_lease_missed``: share of requests that missed it at least once). ``None``: no lease.
+    ``kv_budget``: each replica's KV token budget B^KV_g (one number for every replica, or one
+    per replica; ``None``: unbounded) and ``replica_steps``: one :class:`StepModel` per replica
+    (``None``: ``step_model`` everywhere). With either set the generic loop hands its steps to a
+    :class:`~balanceroute.core.replica_engine.ReplicaEngine` — waiting queues at the replicas,
+    vLLM's preemption of the newest running request, recompute at ``recompute_s_per_token``,
+    τ = max_g τ_g — and the policy sees the budgets and coefficients in its
+    :class:`ClusterState`; metrics ``preemptions``, ``recomputed_tokens``,
+    ``replica_wait_mean_steps``, ``step_idle_fraction`` and ``mean_step_idle_ms`` are added.
     """
 
     num_replicas: int = 8
@@ -51,6 +66,10 @@ class SimConfig:
     rate_scale: float = 1.0
     prefill_delay_s: float = 0.0
     step_model: StepModel = field(default_factory=StepModel)
+    lease: LeaseRule | None = DEFAULT_LEASE
+    kv_budget: int | tuple[int, ...] | None = None
+    replica_steps: tuple[StepModel, ...] | None = None
+    recompute_s_per_token: float = RECOMPUTE_S_PER_TOKEN
     record_series: bool = False
     check_assignments: bool = True
     max_steps: int = 100_000_000
@@ -68,6 +87,32 @@ class SimConfig:
             raise ValueError(f"{self.rate_scale=} must be > 0")
         if self.prefill_delay_s < 0:
             raise ValueError(f"{self.prefill_delay_s=} must be >= 0")
+        if self.kv_budget is not None:
+            budget = np.atleast_1d(np.asarray(self.kv_budget))
+            if budget.shape[0] not in (1, self.num_replicas) or not np.all(budget >= 1):
+                raise ValueError(f"{self.kv_budget=} must be one positive token count or one "
+                                 f"per replica ({self.num_replicas})")
+        if self.replica_steps is not None and len(self.replica_steps) != self.num_replicas:
+            raise ValueError(f"{self.replica_steps=} must name one step model per replica "
+                             f"({self.num_replicas})")
+        if not (self.recompute_s_per_token >= 0 and np.isfinite(self.recompute_s_per_token)):
+            raise ValueError(f"{self.recompute_s_per_token=} must be a finite number >= 0")
+
+    @property
+    def engine_model(self) -> bool:
+        """Whether the replicas' engines are modelled (a KV budget or per-replica speeds)."""
+        return self.kv_budget is not None or self.replica_steps is not None
+
+    def budgets(self) -> NDArray[np.int64] | None:
+        """The KV budget per replica, (G,), or ``None``."""
+        if self.kv_budget is None:
+            return None
+        budget = np.atleast_1d(np.asarray(self.kv_budget, dtype=np.int64))
+        return np.broadcast_to(budget, (self.num_replicas,)).copy()
+
+    def steps_per_replica(self) -> tuple[StepModel, ...]:
+        """The step model of each replica."""
+        return self.replica_steps or (self.step_model,) * self.num_replicas
 
     @property
     def pool_target(self) -> int:
@@ -138,6 +183,11 @@ class _Raw:
     loaded: tuple[float, float, int]
     loads_left: bool
     series: dict[str, NDArray] | None
+    reprefills: NDArray[np.int64] | None = None  # KV lease: re-prefills per request
+    failed: NDArray[np.bool_] | None = None  # KV lease: requests failed after the last one
+    first_joined: NDArray[np.float64] | None = None  # saturated: first time in the pool
+    loaded_window: tuple[float, float] | None = None  # replicas: (tokens, clock) to k_last
+    engine_metrics: dict[str, float] | None = None  # replicas: preemptions, step idle, ...
 
 
 _SERIES = ("imbalance", "envelope", "total_load", "step_time", "active", "pool")
@@ -183,17 +233,32 @@ def simulate(
             raise ValueError(f"workload {workload.name!r}: arrival_s must be non-decreasing")
         ready = arrival + config.prefill_delay_s
 
-    tick = compiled_tick(policy, config.slots) if engine != "generic" else None
+    # (the fused loop models neither KV budgets nor per-replica speeds: the generic loop does)
+    tick = (compiled_tick(policy, config.slots)
+            if engine != "generic" and not config.engine_model else None)
+    if engine == "fused" and config.engine_model:
+        raise ValueError("the fused loop models no KV budget and no per-replica speed: "
+                         "use engine='generic' or 'auto'")
     if engine == "fused" and tick is None:
         raise ValueError(f"policy {getattr(policy, 'name', policy)!r} has no fused loop")
     if tick is not None:
         raw = _run_fused(prompt, output, ready, policy, tick, config, progress)
+        # --- KV lease (LeaseRule): the fused loop has no lease; a run in which no placed request
+        # had waited past forward_by_s had no lease event, so it is exactly the leased run;
+        # otherwise the generic loop, which applies the lease, runs it again.
+        if config.lease is not None and np.any(
+                raw.cols.tick_time - raw.cols.joined >= config.lease.forward_by_s):
+            policy.restore_tick_state(tick.state)  # the re-run starts from the policy's state
+            raw = _run_generic(prompt, output, ready, policy, config, progress)
+        # --- end KV lease
     else:
         raw = _run_generic(prompt, output, ready, policy, config, progress)
 
-    if raw.generated != int(output.sum()) or raw.loads_left:
+    done = raw.cols.finish >= 0
+    if raw.generated != int(output[done].sum()) or raw.loads_left:
         raise AssertionError("token conservation violated")  # pragma: no cover
-    arrival = raw.cols.joined if saturated else arrival
+    if saturated:
+        arrival = raw.cols.joined if raw.first_joined is None else raw.first_joined
     return _result(raw, n, output, arrival)
 
 
@@ -239,9 +304,30 @@ def _run_generic(prompt, output, ready, policy, config, progress) -> _Raw:
     loaded = (0.0, 0.0, 0)  # (Σ I, Σ G·M, steps) up to the last assigning step
     series = _Series(_SERIES) if config.record_series else None
     target = config.pool_target
+    # --- KV lease (SimConfig.lease): re-prefill counts, failures, requests being prefilled again
+    lease = config.lease
+    reprefills = np.zeros(n, dtype=np.int64)
+    failed = np.zeros(n, dtype=bool)
+    first_joined = np.full(n, np.nan)
+    pending = np.zeros(0, dtype=np.int64)
+    # --- end KV lease
+    # --- replicas (SimConfig.kv_budget / replica_steps): the engines run the steps; the loop's
+    # loads and n_act are the engine's router view (every routed, unfinished request)
+    eng = None
+    if config.engine_model:
+        steps_g = config.steps_per_replica()
+        budgets = config.budgets()
+        eng = ReplicaEngine(prompt, output, g_count, budgets, steps_g,
+                            config.recompute_s_per_token)
+        loads, n_act = eng.loads, eng.assigned
+        coef = {name: np.array([getattr(m, name) for m in steps_g], dtype=np.float64)
+                for name in ("a", "b", "c")}
+        idle_sum, loaded_window, loaded_idle = 0.0, (0.0, 0.0), (0.0, 0.0)
+        kv_sum, loaded_kv = 0.0, 0.0  # Σ_k Σ_g L_g(k) on the running KV
+    # --- end replicas
 
     # steps with nothing to admit or assign run compiled (same arithmetic, same order)
-    skip = HAVE_NUMBA
+    skip = HAVE_NUMBA and eng is None
     if skip:
         step = config.step_model
         ints = np.zeros(3, dtype=np.int64)
@@ -249,7 +335,7 @@ def _run_generic(prompt, output, ready, policy, config, progress) -> _Raw:
         block = np.empty((6, 4096 if series is not None else 0), dtype=np.float64)
 
     while finished < n:
-        if skip:
+        if skip and not pending.shape[0]:
             ints[:] = (k, finished, generated)
             floats[:] = (now, sum_i, sum_gm, sum_tau)
             ran = skip_tickless_steps(
@@ -280,35 +366,72 @@ def _run_generic(prompt, output, ready, policy, config, progress) -> _Raw:
         if take > 0:
             pool = np.concatenate([pool, new])
             nxt += take
+        # --- KV lease: past forward_by_s a request is prefilled again (rejoins prefill_delay_s
+        # after that point, its wait restarted) or, out of re-prefills, failed; never placed
+        if lease is not None:
+            if take > 0 and saturated:
+                first_joined[new] = now
+            if pending.shape[0]:
+                back = joined[pending] <= now
+                pool, pending = np.concatenate([pool, pending[back]]), pending[~back]
+            while pool.shape[0]:  # a skipped stretch of full steps can hide several misses
+                late = lease.expired(now - joined[pool])
+                if not late.any():
+                    break
+                gone = pool[late]
+                pool = pool[~late]
+                again = gone[reprefills[gone] < lease.max_reprefills]
+                lost = gone[reprefills[gone] >= lease.max_reprefills]
+                reprefills[again] += 1
+                joined[again] += lease.forward_by_s + config.prefill_delay_s
+                failed[lost] = True
+                finished += lost.shape[0]
+                back = joined[again] <= now
+                pool, pending = np.concatenate([pool, again[back]]), np.concatenate(
+                    [pending, again[~back]])
+        # --- end KV lease
 
         # (1) the scheduling tick
         assigned_now = False
         chosen = pool[:0]
         free = b_slots - n_act
         if pool.shape[0] and free.sum():
-            occupied = np.flatnonzero(slot_req >= 0)
-            ids = slot_req[occupied]
-            state = ClusterState(
-                loads=loads.copy(), free_slots=free, num_active=n_act.copy(), step=k, now=now,
-                active_replica=occupied // b_slots, active_prompt=prompt[ids],
-                active_age=k - start[ids], active_ids=ids,
-            )
+            if eng is None:
+                occupied = np.flatnonzero(slot_req >= 0)
+                ids = slot_req[occupied]
+                state = ClusterState(
+                    loads=loads.copy(), free_slots=free, num_active=n_act.copy(), step=k, now=now,
+                    active_replica=occupied // b_slots, active_prompt=prompt[ids],
+                    active_age=k - start[ids], active_ids=ids,
+                )
+            else:  # --- replicas: the router's view, with the budgets and the coefficients
+                ids = eng.routed_ids()
+                state = ClusterState(
+                    loads=loads.copy(), free_slots=free, num_active=n_act.copy(), step=k, now=now,
+                    active_replica=eng.replica[ids], active_prompt=prompt[ids],
+                    active_age=eng.age[ids], active_ids=ids,
+                    kv_budget=None if budgets is None else budgets.copy(),
+                    step_a=coef["a"].copy(), step_b=coef["b"].copy(), step_c=coef["c"].copy(),
+                )
             view = PoolView(prompt_len=prompt[pool], wait=now - joined[pool], request_ids=pool.copy())
             decision = policy.assign(state, view)
             if config.check_assignments:
-                validate_assignment(state, view, decision)
+                validate_assignment(state, view, decision, budget=True)
             if len(decision):
                 chosen = pool[decision.pool_index]
-                for rid, g in zip(chosen.tolist(), decision.replica.tolist()):
-                    row = slot_req[g * b_slots:(g + 1) * b_slots]
-                    slot = g * b_slots + int(np.argmax(row < 0))
-                    slot_req[slot] = rid
-                    slot_end[slot] = k + output[rid] - 1
+                if eng is not None:  # --- replicas: to the replicas' waiting queues
+                    eng.route(chosen, decision.replica)
+                else:
+                    for rid, g in zip(chosen.tolist(), decision.replica.tolist()):
+                        row = slot_req[g * b_slots:(g + 1) * b_slots]
+                        slot = g * b_slots + int(np.argmax(row < 0))
+                        slot_req[slot] = rid
+                        slot_end[slot] = k + output[rid] - 1
+                    np.add.at(loads, decision.replica, prompt[chosen])
+                    n_act += np.bincount(decision.replica, minlength=g_count)
                 replica[chosen] = decision.replica
                 start[chosen] = k
                 tick_time[chosen] = now
-                np.add.at(loads, decision.replica, prompt[chosen])
-                n_act += np.bincount(decision.replica, minlength=g_count)
                 keep = np.ones(pool.shape[0], dtype=bool)
                 keep[decision.pool_index] = False
                 pool = pool[keep]
@@ -319,7 +442,43 @@ def _run_generic(prompt, output, ready, policy, config, progress) -> _Raw:
             if pool.shape[0] == 0 and nxt < n and not saturated:
                 now = max(now, float(ready[nxt]))
                 continue
+            if pool.shape[0] == 0 and pending.shape[0]:  # KV lease: a re-prefill is due
+                now = max(now, float(joined[pending].min()))
+                continue
+            if finished >= n:  # KV lease: the last requests failed
+                break
             raise RuntimeError("no request is running and none can be assigned")  # pragma: no cover
+
+        # --- replicas: the engines schedule and run the step (waiting queues, preemption,
+        # τ = max_g τ_g on the running requests); same bookkeeping as (2) and (3) below
+        if eng is not None:
+            rec = eng.step()
+            now += rec.tau
+            sum_i += rec.imbalance
+            sum_gm += g_count * rec.envelope
+            sum_tau += rec.tau
+            idle_sum += rec.time_idle
+            kv_sum += rec.total
+            generated += rec.active
+            if assigned_now:
+                loaded = (sum_i, sum_gm, k + 1)
+                loaded_window = (float(generated), now)
+                loaded_idle = (idle_sum, g_count * sum_tau)
+                loaded_kv = kv_sum
+            first_time[rec.started] = now
+            if series is not None:
+                series.append(imbalance=rec.imbalance, envelope=rec.envelope,
+                              total_load=rec.total, step_time=rec.tau, active=rec.active,
+                              pool=pool.shape[0])
+            if rec.finished.shape[0]:
+                finish[rec.finished] = k
+                finish_time[rec.finished] = now
+                finished += rec.finished.shape[0]
+                if progress is not None:
+                    progress(finished)
+            k += 1
+            continue
+        # --- end replicas
 
         # (2) the step runs on the loads it has
         envelope = int(loads.max())
@@ -359,6 +518,18 @@ def _run_generic(prompt, output, ready, policy, config, progress) -> _Raw:
         cols=cols, steps=k, now=now, generated=generated,
         sum_i=sum_i, sum_tau=sum_tau, loaded=loaded, loads_left=bool(loads.any()),
         series=series.arrays() if series is not None else None,
+        reprefills=None if lease is None else reprefills, failed=None if lease is None else failed,
+        first_joined=first_joined if lease is not None and saturated else None,
+        loaded_window=None if eng is None else loaded_window,
+        engine_metrics=None if eng is None else {
+            "preemptions": float(eng.preemptions),
+            "recomputed_tokens": float(eng.recomputed_tokens),
+            "replica_wait_mean_steps": eng.waiting_steps / n,
+            "step_idle_fraction": loaded_idle[0] / loaded_idle[1] if loaded_idle[1] else 0.0,
+            "mean_step_idle_ms": 1e3 * loaded_idle[0] / (g_count * max(loaded[2], 1)),
+            **({} if budgets is None else {  # share of the cluster's KV budget in use
+                "kv_utilization": loaded_kv / (max(loaded[2], 1) * float(budgets.sum()))}),
+        },
     )
 
 
@@ -366,9 +537,24 @@ def _result(raw: _Raw, n: int, output: NDArray, arrival: NDArray) -> SimResult:
     """Metrics (:mod:`.dynamics`) and per-request outcomes from either loop."""
     cols = raw.cols
     loaded_i, loaded_gm, loaded_steps = raw.loaded
-    tokens, clock = _loaded_window(cols, loaded_steps)
+    tokens, clock = (_loaded_window(cols, loaded_steps) if raw.loaded_window is None
+                     else raw.loaded_window)
     per_request, tpot, ttft, wait = request_metrics(output, cols.first_time, cols.finish_time,
                                                      arrival, cols.tick_time, cols.joined)
+    # --- KV lease: counts, and the share of requests that missed it at least once
+    if raw.reprefills is not None:
+        missed = (raw.reprefills > 0) | raw.failed
+        if raw.failed.any():  # metrics of the requests that were served
+            ok = ~raw.failed
+            per_request, *_ = request_metrics(output[ok], cols.first_time[ok],
+                                              cols.finish_time[ok], arrival[ok],
+                                              cols.tick_time[ok], cols.joined[ok])
+        per_request = {**per_request, "kv_lease_missed": float(np.mean(missed)),
+                       "kv_lease_reprefilled": float(raw.reprefills.sum()),
+                       "kv_lease_failed": float(raw.failed.sum())}
+    else:
+        per_request = {**per_request, "kv_lease_reprefilled": 0.0, "kv_lease_failed": 0.0}
+    # --- end KV lease
     metrics: dict[str, float] = {
         "requests": float(n),
         **step_metrics(steps=raw.steps, generated=raw.generated, sum_i=raw.sum_i,
@@ -376,6 +562,7 @@ def _result(raw: _Raw, n: int, output: NDArray, arrival: NDArray) -> SimResult:
                        loaded_steps=loaded_steps, loaded_tokens=tokens, loaded_clock=clock,
                        makespan=raw.now),
         **per_request,
+        **(raw.engine_metrics or {}),  # --- replicas
     }
     return SimResult(
         metrics=metrics,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["Assignment", "ClusterState", "PoolView", "validate_assignment"]
+__all__ = ["Assignment", "ClusterState", "PoolView", "planned_overflow", "validate_assignment"]
 
 _EMPTY_I = np.zeros(0, dtype=np.int64)
 
@@ -25,6 +25,11 @@ class ClusterState:
     ``free_slots[g]`` is B_g − n_g. The ``active_*`` arrays list
     the requests running now (one entry per request, flat): replica, prompt length, age a_i and
     the caller's request id, for policies that project loads ahead (BR-H).
+
+    Optional, ``None`` meaning today's model exactly: ``kv_budget[g]`` is replica g's KV token
+    budget B^KV_g (a replica admits request i only while L_g + s_i, plus its projected growth,
+    stays within it); ``step_a``, ``step_b``, ``step_c`` are per-replica step-time coefficients,
+    τ_g = b_g + a_g·L_g + c_g·n_g, the barrier step being max_g τ_g.
     """
 
     loads: NDArray[np.int64]
@@ -36,6 +41,10 @@ class ClusterState:
     active_prompt: NDArray[np.int64] = field(default_factory=lambda: _EMPTY_I)
     active_age: NDArray[np.int64] = field(default_factory=lambda: _EMPTY_I)
     active_ids: NDArray[np.int64] = field(default_factory=lambda: _EMPTY_I)
+    kv_budget: NDArray[np.int64] | None = None
+    step_a: NDArray[np.float64] | None = None
+    step_b: NDArray[np.float64] | None = None
+    step_c: NDArray[np.float64] | None = None
 
     @property
     def num_replicas(self) -> int:
@@ -70,9 +79,15 @@ class Assignment:
         return int(self.pool_index.shape[0])
 
 
-def validate_assignment(state: ClusterState, pool: PoolView, out: Assignment) -> None:
+def validate_assignment(state: ClusterState, pool: PoolView, out: Assignment, *,
+                        budget: bool = False) -> None:
     """Raise ``ValueError`` unless ``out`` assigns each pooled request at most once, only to
-    existing replicas, and never more requests to a replica than it has free slots."""
+    existing replicas, never more requests to a replica than it has free slots and, with
+    ``budget`` and KV budgets in the state, never a request larger than its replica's whole budget
+    (an engine could never admit it; the simulator checks this, the proxy leaves it to the
+    engines). Placing more than a replica's budget has room for now is allowed — the request
+    waits at the replica, as an engine makes a baseline's request wait; :func:`planned_overflow`
+    says by how much, and the budget-aware policies keep it at 0."""
     n = len(pool)
     g = state.num_replicas
     if out.pool_index.shape != out.replica.shape:
@@ -87,3 +102,18 @@ def validate_assignment(state: ClusterState, pool: PoolView, out: Assignment) ->
         raise ValueError("assignment names a replica that does not exist")
     if np.any(np.bincount(out.replica, minlength=g) > state.free_slots):
         raise ValueError("assignment exceeds a replica's free slots")
+    if budget and state.kv_budget is not None and np.any(
+            pool.prompt_len[out.pool_index] > state.kv_budget[out.replica]):
+        raise ValueError("assignment places a request larger than its replica's KV budget")
+
+
+def planned_overflow(state: ClusterState, pool: PoolView, out: Assignment) -> NDArray[np.int64]:
+    """Per replica, by how many KV tokens ``out`` would take its load past its budget right now:
+    (L_g + Σ_{i→g} s_i − B^KV_g)_+, minus what was already over (0 without budgets)."""
+    g = state.num_replicas
+    if state.kv_budget is None:
+        return np.zeros(g, dtype=np.int64)
+    after = state.loads + np.bincount(out.replica, weights=pool.prompt_len[out.pool_index],
+                                      minlength=g).astype(np.int64)
+    before = np.maximum(state.loads - state.kv_budget, 0)
+    return np.maximum(np.maximum(after - state.kv_budget, 0) - before, 0).astype(np.int64)

@@ -1,4 +1,4 @@
-"""The two-stage BalanceRoute tick (DESIGN §2), shared by BR-0 and BR-H.
+"""The two-stage BalanceRoute tick, shared by BR-0 and BR-H.
 
 Both policies run this one routine; they differ only in the projected loads they pass
 (``(G, 1)`` current loads for BR-0, ``(G, H+1)`` projections for BR-H) and in (d, α, β).
@@ -7,8 +7,9 @@ With H = 0, d = (1,), α = 1, β = G the score is BR-0's ``F = Δ − G·(Δ −
 The default score is the exact change of the discounted projected imbalance Σ_h d_h·I(h) when a
 set Q joins a replica, each candidate contributing its own projected trajectory c_i(h) = s_i +
 growth_i(h) (``papers/horizon_score.md``); ``score="paper"`` scores Δ·1 (candidates stay the
-window without growing). An optional urgency bonus u_i = U·w_i/``ttft_slo_s`` (U: the largest
-single-request value in the pool) makes waiting part of the decision (``papers/ttft.md``).
+window without growing). An optional urgency bonus u_i = U·w_i/θ (U: the largest
+single-request value in the pool; θ = :func:`urgency_scale`: ``ttft_slo_s``, or twice the pool's
+median wait when that is shorter) makes waiting part of the decision (``papers/ttft.md``).
 
 The tick runs as one compiled kernel (``_kernels.two_stage_kernel``, numba) that performs the
 floating-point operations of the literal reference (``analysis/reference.py``) in the same
@@ -37,10 +38,23 @@ from .state import Assignment
 
 __all__ = [
     "FILL_LEVELS", "FILL_WINDOW", "best_subset", "fill_level", "fill_proposals", "subset_masks",
-    "two_stage_assign",
+    "two_stage_assign", "urgency_scale",
 ]
 
 _NO_GROWTH = np.zeros((0, 1), dtype=np.float64)  # writable: numba types read-only arrays apart
+
+
+def urgency_scale(ttft_slo_s: float | None, wait: NDArray) -> float:
+    """θ, the first-token guard's wait scale (``papers/ttft.md``, "A guard relative to the
+    pool"): ``min(ttft_slo_s, 2·w̃)``, w̃ the median wait of the pool, ``ttft_slo_s`` while
+    w̃ = 0, ``inf`` when the guard is off. Under FIFO the pool's ages spread evenly over [0, W],
+    W the FIFO wait, so 2·w̃ ≈ W: a request outranks any that merely fits once it has waited
+    about as long as FIFO would have made it wait (the median, unlike the mean, is not pulled
+    up by the few requests that starve)."""
+    slo = float("inf") if ttft_slo_s is None else float(ttft_slo_s)
+    w = np.asarray(wait, dtype=np.float64)
+    mid = float(np.median(w)) if w.shape[0] else 0.0
+    return min(slo, 2.0 * mid) if np.isfinite(slo) and slo > 0 and mid > 0 else slo
 
 
 def _f64(values: NDArray) -> NDArray[np.float64]:
@@ -160,6 +174,10 @@ def two_stage_assign(
     ttft_slo_s: float | None = None,
     fill_order: str = "level",
     lpt_batches: bool = False,
+    weights: NDArray | None = None,
+    offsets: NDArray | None = None,
+    room: NDArray | None = None,
+    cost: NDArray | None = None,
 ) -> Assignment:
     """One scheduling tick of BalanceRoute.
 
@@ -199,6 +217,19 @@ def two_stage_assign(
     slot; ties: more free slots, lower index; :func:`~balanceroute.core._kernels.lpt_batch`),
     whose plan replaces it when it overflows the current envelope less: Σ_g (L'_g − max L)_+
     on the current loads L (column h = 0).
+
+    Replicas of different speed: ``weights`` w_g = a_g/a_ref and ``offsets`` o_g
+    (G,) put the loads in step time, in tokens of the reference replica: L'_g(h) = w_g·L̂_g(h) +
+    o_g, so that τ_g = b_ref + a_ref·L'_g; a request adds w_g·c_i(h) to it. Margins, envelope,
+    the replica orders and LPT are taken on L', and a set's score on replica g is
+    w_g·F_g(Q; m'_g/w_g) — F in g's own tokens against its time margin (Stage 1, Stage 2 and the
+    fill compare sets on one replica, so only the pool deadline's choice of replica sees the
+    factor w_g). ``None``: §1's token form exactly.
+    KV budgets: ``room`` (G, K) — what each replica may still take in each step of
+    the budget window — and ``cost`` (P, K) — what pooled request i takes of it: a set Q may join
+    replica g only while Σ_{i∈Q} cost_i(h) ≤ room_g(h) for every h; a replica where nothing
+    fits closes for the tick, and a late request that fits nowhere stays pooled. ``None``: no
+    budget. The small-batch LPT check is off under a budget (LPT knows none).
     """
     if score not in ("exact", "paper"):
         raise ValueError(f"{score=} must be 'exact' or 'paper'")
@@ -214,13 +245,14 @@ def two_stage_assign(
             proj_loads, free_slots, prompt_len, wait, d=d, alpha=alpha, beta=beta,
             s_greedy=s_greedy, r_max=r_max, deadline_s=deadline_s, growth=growth, score=score,
             stage1=stage1, growth_steps=growth_steps, ttft_slo_s=ttft_slo_s, fill_order=fill_order,
-            lpt_batches=lpt_batches,
+            lpt_batches=lpt_batches, weights=weights, offsets=offsets, room=room, cost=cost,
         )
     if int(r_max) < 0:
         raise ValueError(f"{r_max=} must be >= 0 (0: the fill)")
     loads = np.array(proj_loads, dtype=np.float64, order="C", copy=True)
     if loads.ndim != 2:
         raise ValueError(f"proj_loads must be (G, H+1), got shape {loads.shape}")
+    lim = tick_limits(loads, prompt_len, weights, offsets, room, cost)
     free = np.array(free_slots, dtype=np.int64, copy=True)
     sizes = _f64(prompt_len)
     n_pool = sizes.shape[0]
@@ -233,9 +265,35 @@ def two_stage_assign(
     count = _two_stage_kernel(
         loads, free, sizes, _f64(wait), _f64(d), float(alpha), float(beta), int(s_greedy),
         int(r_max), float(deadline_s), grow, has_growth, score == "exact", stage1 == "fit",
-        float(growth_steps), slo, fill_order == "level", bool(lpt_batches), out_i, out_g,
+        float(growth_steps), slo, fill_order == "level", bool(lpt_batches), out_i, out_g, lim,
     )
     return Assignment(pool_index=out_i[:count], replica=out_g[:count])
+
+
+def tick_limits(loads: NDArray, prompt_len: NDArray, weights: NDArray | None,
+                offsets: NDArray | None, room: NDArray | None,
+                cost: NDArray | None) -> tuple[NDArray, NDArray, NDArray, NDArray]:
+    """The kernel's ``lim`` = (w, 1/w, room, cost); puts ``loads`` (G, W, a writable float copy)
+    in step time in place (L' = w·L + o) when ``weights`` are given."""
+    g_count, n_pool = loads.shape[0], np.shape(prompt_len)[0]
+    if weights is None:
+        w = np.ones(g_count)
+    else:
+        w = _f64(weights)
+        if w.shape != (g_count,) or not np.all(w > 0) or not np.all(np.isfinite(w)):
+            raise ValueError(f"{weights=} must be one finite number > 0 per replica")
+        loads *= w[:, None]
+        if offsets is not None:
+            loads += _f64(offsets)[:, None]
+    if (room is None) != (cost is None):
+        raise ValueError("room and cost come together (a KV budget) or not at all")
+    if room is None:
+        kv_room, kv_cost = np.zeros((g_count, 0)), np.zeros((n_pool, 0))
+    else:
+        kv_room, kv_cost = _f64(room).copy(), _f64(cost)
+        if kv_room.ndim != 2 or kv_room.shape[0] != g_count or kv_cost.shape != (n_pool, kv_room.shape[1]):
+            raise ValueError(f"room {kv_room.shape} and cost {kv_cost.shape} must be (G, K) and (P, K)")
+    return w, 1.0 / w, kv_room, kv_cost
 
 
 # ------------------------------------------------------------------------------ numpy path
@@ -260,6 +318,10 @@ def _two_stage_numpy(
     ttft_slo_s: float | None = None,
     fill_order: str = "level",
     lpt_batches: bool = False,
+    weights: NDArray | None = None,
+    offsets: NDArray | None = None,
+    room: NDArray | None = None,
+    cost: NDArray | None = None,
 ) -> Assignment:
     """:func:`two_stage_assign` in numpy, for installs without numba (same decisions up to
     floating-point summation order, which BLAS may choose differently)."""
@@ -270,12 +332,14 @@ def _two_stage_numpy(
     sizes = np.asarray(prompt_len, dtype=np.float64)
     d = np.asarray(d, dtype=np.float64)
     n_pool = sizes.shape[0]
+    w, iw, kv_room, kv_cost = tick_limits(loads, prompt_len, weights, offsets, room, cost)
+    budget = kv_room.shape[1] > 0
     exact = score == "exact" and growth is not None
     # c[i, h]: what request i adds to L̂(h) once placed
     contrib = sizes[:, None] + (np.zeros((n_pool, d.shape[0])) if growth is None else growth)
     value = alpha * (contrib @ d) if exact else alpha * d.sum() * sizes  # linear term of F({i})
-    slo = float("inf") if ttft_slo_s is None else float(ttft_slo_s)
     waited = np.asarray(wait, dtype=np.float64)
+    slo = urgency_scale(ttft_slo_s, waited)
     bonus = value.max() * (waited / slo) if np.isfinite(slo) and n_pool else np.zeros(n_pool)
     alive = np.ones(n_pool, dtype=bool)
     pool_order = np.arange(n_pool)
@@ -283,7 +347,8 @@ def _two_stage_numpy(
     out_g: list[int] = []
 
     def place(i: int, g: int) -> None:
-        loads[g] += contrib[i] if growth is not None else sizes[i]
+        loads[g] += (contrib[i] if growth is not None else sizes[i]) * w[g]
+        kv_room[g] -= kv_cost[i]
         free[g] -= 1
         alive[i] = False
         out_i.append(i)
@@ -291,6 +356,19 @@ def _two_stage_numpy(
 
     def replica_margins(g: NDArray | int) -> NDArray:
         return loads.max(axis=0) - loads[g]
+
+    def token_margins(g: int) -> NDArray:
+        """Replica g's margins in its own tokens (step-time margin / w_g)."""
+        return replica_margins(g) * iw[g]
+
+    def fits(g: int) -> NDArray:
+        """Which pooled requests fit replica g's KV room (all, without a budget)."""
+        return np.all(kv_cost <= kv_room[g], axis=1)
+
+    def close(g: int) -> int:
+        """Nothing fits g: it closes for the tick; returns the new number to place."""
+        free[g] = 0
+        return len(out_i) + min(int(free.sum()), n_pool - len(out_i))
 
     def scores(traj: NDArray, m: NDArray) -> NDArray:
         """F of trajectories ``traj`` (..., H+1) against margins ``m`` (..., H+1)."""
@@ -301,7 +379,7 @@ def _two_stage_numpy(
 
     remaining = min(int(free.sum()), n_pool)
     batch = (lpt_batches and n_pool < BACKLOG_PER_REPLICA * loads.shape[0]
-             and int(free.sum()) - n_pool >= s_greedy)
+             and int(free.sum()) - n_pool >= s_greedy and not budget)
     loads0, free0 = loads[:, 0].copy(), free.copy()
 
     # (0) pool deadline: the KV lease of a pooled request is about to expire.
@@ -310,9 +388,13 @@ def _two_stage_numpy(
         if len(out_i) == remaining:
             break
         open_g = np.flatnonzero(free > 0)
+        if budget:
+            open_g = open_g[np.all(kv_cost[i] <= kv_room[open_g], axis=1)]
+            if open_g.shape[0] == 0:  # it fits nowhere now: stays pooled
+                continue
         m_open = replica_margins(open_g)
-        f = scores(single_traj()[i][None, :], m_open)
-        # best F; ties: more free slots, then larger margin m(0)
+        f = scores(single_traj()[i][None, :], m_open * iw[open_g, None]) * w[open_g]
+        # best F (in step time); ties: more free slots, then larger margin m(0)
         best = np.lexsort((-m_open[:, 0], -free[open_g], -f))[0]
         place(int(i), int(open_g[best]))
 
@@ -326,12 +408,16 @@ def _two_stage_numpy(
         else:  # the paper's rule: most free slots, ties: lower load
             open_g = np.flatnonzero(free == free.max())
             g = int(open_g[np.argmin(loads[open_g, 0])])
-        f1 = scores(single_traj(), replica_margins(g)) + bonus
-        f1[~alive] = -np.inf
+        ok = alive & fits(g)
+        if not ok.any():
+            remaining = close(g)
+            continue
+        f1 = scores(single_traj(), token_margins(g)) + bonus
+        f1[~ok] = -np.inf
         place(int(np.argmax(f1)), g)
     if batch:  # everything is placed: LPT instead, if it overflows the envelope less
         out = (np.asarray(out_i, dtype=np.int64), np.asarray(out_g, dtype=np.int64))
-        lpt_batch(loads0, free0, sizes, *out, len(out_i))
+        lpt_batch(loads0, free0, sizes, *out, len(out_i), w)
         return Assignment(pool_index=out[0], replica=out[1])
 
     # (2') the fill: exact subset sums over the pool, replicas by fill level (r_max = 0)
@@ -342,29 +428,41 @@ def _two_stage_numpy(
         else:  # (with H = 0 the fill level is m(0))
             m0 = loads.max(axis=0)[0] - loads[open_g, 0]
         g = int(open_g[np.lexsort((-free[open_g], -m0))[0]])  # largest; ties: more free slots
-        m = replica_margins(g)
+        ok = alive & fits(g)
+        if not ok.any():
+            remaining = close(g)
+            continue
+        m = token_margins(g)
         f1 = scores(single_traj(), m) + bonus
-        f1[~alive] = -np.inf
+        f1[~ok] = -np.inf
         single = int(np.argmax(f1))
         best_q, best_f = [single], float(f1[single])
         # every slot but the tick's slack is filled this tick: g takes at least free[g] − slack
         k_lo = max(1, int(free[g]) - (int(free.sum()) - (remaining - len(out_i))))
         safe = int(np.floor(m.min())) if m.min() > 0.0 else 0
+        hi = 2 * safe
+        if budget:  # sums above the room cannot fit
+            extra = max(0.0, float((kv_cost[:, 0] - sizes).max()))
+            lim_s = kv_room[g, 0] - min(int(free[g]), remaining - len(out_i)) * extra
+            top = int(np.floor(lim_s)) if lim_s > 0.0 else 0
+            safe, hi = min(safe, top), min(hi, top)
         if safe > 0:
-            quantum = 1 + (2 * safe) // FILL_LEVELS
+            quantum = 1 + hi // FILL_LEVELS
             qsize = -(-np.ceil(sizes).astype(np.int64) // quantum)
-            items = [j for j in np.flatnonzero(alive) if qsize[j] <= (2 * safe) // quantum]
+            items = [j for j in np.flatnonzero(ok) if qsize[j] <= hi // quantum]
             items = items[:FILL_WINDOW]
             cap = min(int(free[g]), remaining - len(out_i), len(items))
             props = fill_proposals([int(qsize[j]) for j in items], k_lo, cap, safe // quantum,
-                                   (2 * safe) // quantum) if cap >= k_lo else []
-            f_best_prop = -np.inf
+                                   hi // quantum) if cap >= k_lo else []
+            f_best_prop, q_prop = -np.inf, None
             for prop in props:
                 q = np.array([items[t] for t in prop], dtype=np.int64)
+                if budget and not np.all(kv_cost[q].sum(axis=0) <= kv_room[g]):
+                    continue
                 f = float(scores(single_traj()[q].sum(axis=0), m) + bonus[q].sum())
                 if f > f_best_prop:
                     f_best_prop, q_prop = f, q.tolist()
-            if props and (k_lo > 1 or not f1[single] > f_best_prop):
+            if q_prop is not None and (k_lo > 1 or not f1[single] > f_best_prop):
                 best_q, best_f = q_prop, f_best_prop
         if not best_f > 0.0:  # starvation guard: the best single request
             best_q = [single]
@@ -376,14 +474,20 @@ def _two_stage_numpy(
         open_g = np.flatnonzero(free == free.max())
         m0 = loads.max(axis=0)[0] - loads[open_g, 0]
         g = int(open_g[np.argmax(m0)])
-        m = replica_margins(g)
+        ok = alive & fits(g)
+        if not ok.any():
+            remaining = close(g)
+            continue
+        m = token_margins(g)
         f1 = scores(single_traj(), m) + bonus
-        f1[~alive] = -np.inf
-        k = min(r_max, n_pool - len(out_i))
+        f1[~ok] = -np.inf
+        k = min(r_max, int(ok.sum()))
         cand = np.lexsort((pool_order, -f1))[:k]  # best F({i}) + u_i first; ties: pool order
         masks = subset_masks(k)
         masks = masks[masks.sum(axis=1) <= min(int(free[g]), k)]
         f_q = scores(masks @ single_traj()[cand], m) + masks @ bonus[cand]
+        if budget:  # a set that overflows the room is no candidate
+            f_q[~np.all(masks @ kv_cost[cand] <= kv_room[g], axis=1)] = -np.inf
         best = int(np.argmax(f_q))
         chosen = np.flatnonzero(masks[best]) if f_q[best] > 0.0 else np.zeros(1, dtype=np.int64)
         for j in chosen:  # (else: starvation guard, the best single request)

@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import math
 import os
+import re
 import sys
 from typing import Any
 
-__all__ = ["register"]
+__all__ = ["API_KEY_ENV", "register", "secret_warnings", "serve_config"]
+
+#: The environment variable holding the client key when no other is configured.
+API_KEY_ENV = "BALANCEROUTE_API_KEY"
 
 
 def _param(text: str) -> tuple[str, Any]:
@@ -41,9 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="config file (.json or .toml); see docs/serving.md")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="listen port (default 8000)")
-    p.add_argument("--kv-dialect", choices=("nixl", "mooncake", "none"),
+    p.add_argument("--kv-dialect", choices=("nixl", "mooncake", "sglang", "none"),
                    help="nixl: decode gets prefill's kv_transfer_params (vLLM NIXL, vllm-ascend "
-                        "Mooncake/LLMDataDist); mooncake: vLLM MooncakeConnector bootstrap; none: "
+                        "Mooncake/LLMDataDist); mooncake: vLLM MooncakeConnector bootstrap; sglang: "
+                        "SGLang bootstrap room (prefill held open until decode is placed); none: "
                         "no prefill stage (colocated replicas)")
     p.add_argument("--prefill", action="append", metavar="URL", help="a prefill server (repeat)")
     p.add_argument("--decode", action="append", metavar="URL",
@@ -62,13 +68,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-attempts", type=int, help="upstream attempts before 502 (3)")
     p.add_argument("--health-interval", type=float, dest="health_interval_s",
                    help="health probe period in seconds; 0 disables (2)")
+    p.add_argument("--engine-state", choices=("off", "vllm", "sglang"),
+                   help="read the decode engines' per-rank load (vllm: /metrics, sglang: /v1/loads) "
+                        "so load that bypassed this proxy counts (default off)")
+    p.add_argument("--engine-poll-interval", type=float, dest="engine_poll_interval_s", metavar="SECONDS",
+                   help="engine-state polling period (0.5; a report is trusted for three periods)")
     p.add_argument("--admin-token-env", metavar="VAR",
                    help="enable /status and /admin, protected by the token in this environment variable "
                         "(off without it)")
-    p.add_argument("--api-key", dest="client_api_key", metavar="KEY",
-                   help="clients must send 'Authorization: Bearer KEY' on /v1/* (like vLLM's --api-key)")
+    p.add_argument("--api-key-file", dest="client_api_key_file", metavar="FILE",
+                   help="clients must send 'Authorization: Bearer KEY' on /v1/*, KEY being this "
+                        f"file's first line; or set the environment variable {API_KEY_ENV}")
     p.add_argument("--api-key-env", dest="client_api_key_env", metavar="VAR",
-                   help="as --api-key, with the key read from this environment variable")
+                   help="as --api-key-file, with the key read from this environment variable")
+    p.add_argument("--api-key", dest="client_api_key", metavar="KEY",
+                   help="as --api-key-file, with the key itself (visible to every local user in "
+                        "the process list: prefer --api-key-file or " + API_KEY_ENV + ")")
     p.add_argument("--upstream-api-key-env", metavar="VAR",
                    help="send the bearer token in this environment variable to every upstream "
                         "(none is sent by default; per upstream: api_key_env in the config)")
@@ -89,8 +104,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="native (default): the package's HTTP/1.1 server, streams relayed chunk by "
                         "chunk from the upstream socket to the client's without a coroutine per "
                         "chunk; uvicorn: uvicorn (uvloop + httptools), a coroutine per stream")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
-    p.set_defaults(handler=_serve)
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                   help="info (default) logs one access line per request")
+    p.add_argument("--log-format", choices=("text", "json"),
+                   help="text (default) or json: one JSON object per line (docs/operator.md)")
+    p.add_argument("--log-upstream", action="store_true", default=None,
+                   help="also log the upstream HTTP client's own lines (httpx/httpcore; noisy at "
+                        "debug); or set BALANCEROUTE_LOG_UPSTREAM=1")
+    t = p.add_argument_group("deadlines and limits (seconds; docs/operator.md)")
+    t.add_argument("--drain-timeout", type=float, metavar="SECONDS", dest="drain_timeout_s",
+                   help="on SIGTERM, how long in-flight requests may finish before they are ended "
+                        "with an error (25)")
+    t.add_argument("--prefill-timeout", type=float, metavar="SECONDS", dest="prefill_timeout_s",
+                   help="a prefill attempt's deadline, plus --prefill-timeout-per-token per prompt "
+                        "token, before it is retried on another instance (30)")
+    t.add_argument("--prefill-timeout-per-token", type=float, metavar="SECONDS", dest="prefill_timeout_per_token_s",
+                   help="added to --prefill-timeout per prompt token (0.0005)")
+    t.add_argument("--first-token-timeout", type=float, metavar="SECONDS", dest="decode_first_token_timeout_s",
+                   help="a decode attempt's deadline for its first token before it is retried on "
+                        "another replica (30)")
+    t.add_argument("--stall-timeout", type=float, metavar="SECONDS", dest="decode_read_timeout_s",
+                   help="a decode stream silent this long ends with an error event (30)")
+    t.add_argument("--header-timeout", type=float, metavar="SECONDS", dest="header_timeout_s",
+                   help="a client's request line and headers must arrive within this (10)")
+    t.add_argument("--body-timeout", type=float, metavar="SECONDS", dest="body_timeout_s",
+                   help="a client's request body must arrive within this (60)")
+    t.add_argument("--write-stall-timeout", type=float, metavar="SECONDS", dest="write_stall_timeout_s",
+                   help="a client that reads nothing this long while its response waits is "
+                        "disconnected and its upstream request aborted (30)")
+    p.set_defaults(handler=_serve, flag_names={a.dest: a.option_strings[0] for a in p._actions
+                                               if a.option_strings and a.dest != "help"})
 
     e = subparsers.add_parser(
         "emulate", help="run an emulated PD cluster (prefill + G lock-step DP decode replicas)",
@@ -124,7 +167,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--slow-replica", type=_slow, action="append", default=[], metavar="G:FACTOR")
     e.add_argument("--write-proxy-config", metavar="FILE",
                    help="write a proxy config (JSON) for this emulator once it is up")
-    e.add_argument("--kv-dialect", choices=("nixl", "mooncake", "none"), default="nixl",
+    e.add_argument("--kv-dialect", choices=("nixl", "mooncake", "sglang", "none"), default="nixl",
                    help="dialect of the written proxy config")
     e.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning")
     e.set_defaults(handler=_emulate)
@@ -163,7 +206,12 @@ def serve_config(args: argparse.Namespace):
     for key in ("host", "port", "kv_dialect", "slots", "policy", "prefill_balance", "bootstrap_port",
                 "pool_capacity", "kv_lease_s", "tick_interval_s", "max_attempts", "health_interval_s",
                 "admin_token_env", "client_api_key", "client_api_key_env", "upstream_api_key_env",
-                "ttft_slo_s", "max_model_len", "metrics_urls", "log_level", "http_server"):
+                "ttft_slo_s", "max_model_len", "metrics_urls", "log_level", "http_server",
+                "client_api_key_file", "log_format", "log_upstream",
+                "engine_state", "engine_poll_interval_s",
+                "drain_timeout_s", "prefill_timeout_s", "prefill_timeout_per_token_s",
+                "decode_first_token_timeout_s", "decode_read_timeout_s", "header_timeout_s",
+                "body_timeout_s", "write_stall_timeout_s"):
         value = getattr(args, key)
         if value is not None:
             mapping[key] = value
@@ -175,22 +223,73 @@ def serve_config(args: argparse.Namespace):
         mapping["policy_params"] = {**mapping.get("policy_params", {}), **dict(args.policy_param)}
     if args.prefill:
         mapping["prefill"] = args.prefill
+    if args.dp_size is not None and args.dp_size < 1:
+        raise ValueError(f"--dp-size={args.dp_size} must be >= 1")
     if args.decode:
         mapping["decode"] = [{"url": u, "dp_size": args.dp_size} if args.dp_size else {"url": u}
                              for u in args.decode]
     elif args.dp_size:
         raise ValueError("--dp-size needs --decode URL")
-    return ProxyConfig.from_mapping(mapping)
+    if not mapping.get("decode"):
+        raise ValueError("serve needs its decode replicas: --config FILE (a [[decode]] table), or "
+                         "--decode URL (repeat; with --prefill URL, or --kv-dialect none); see "
+                         "docs/serving.md")
+    if not any(mapping.get(k) for k in ("client_api_key", "client_api_key_file", "client_api_key_env")) \
+            and os.environ.get(API_KEY_ENV):
+        mapping["client_api_key_env"] = API_KEY_ENV
+    try:
+        return ProxyConfig.from_mapping(mapping)
+    except ValueError as exc:
+        raise _named(exc, args) from None
+
+
+def secret_warnings(args: argparse.Namespace) -> list[str]:
+    """What ``serve`` warns about its client key: given on the command line (every local user
+    can read ``/proc/<pid>/cmdline``), or in a file other users can read."""
+    out = []
+    if args.client_api_key is not None:
+        out.append("--api-key shows the client key to every local user (/proc/<pid>/cmdline, ps); use "
+                   f"--api-key-file FILE or the environment variable {API_KEY_ENV} instead")
+    path = args.client_api_key_file
+    if path:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            mode = 0
+        if mode & 0o006:
+            out.append(f"--api-key-file {path} is open to every user (mode {mode & 0o777:o}); "
+                       f"chmod 600 it")
+    return out
+
+
+def _named(exc: ValueError, args: argparse.Namespace) -> ValueError:
+    """A config error naming the flag that set the value (``--slots=0 must be >= 1``) when a
+    flag did, else the config key (with the config file's name)."""
+    flags = getattr(args, "flag_names", {})
+    given = {k: f for k, f in flags.items() if getattr(args, k, None) is not None}
+    text = str(exc)
+    for key, flag in given.items():
+        text = re.sub(rf"^(?:self\.)?{re.escape(key)}=", f"{flag}=", text)
+    text = text.replace("self.", "")
+    if args.config and text == str(exc).replace("self.", "") and not text.startswith("--"):
+        text = f"{args.config}: {text}"
+    return ValueError(text)
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from .logs import configure_logging
     from .routes import create_proxy_app
-    from .runner import bind_socket, configure_logging, run_foreground, url_of
+    from .runner import bind_socket, run_foreground, server_options, url_of
 
     config = serve_config(args)
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format, upstream_debug=config.log_upstream or None)
+    for warning in secret_warnings(args):
+        logging.getLogger("balanceroute.serving").warning("%s", warning)
     app = create_proxy_app(config)
-    sock = bind_socket(config.host, config.port)
+    try:
+        sock = bind_socket(config.host, config.port)
+    except (OSError, ValueError) as exc:  # in use, not allowed, no such address: name the flags
+        raise ValueError(f"--host {config.host} --port {config.port}: {getattr(exc, 'strerror', None) or exc}") from None
 
     def started() -> None:
         # What import and warm-up built lives as long as the process: keep it out of the cyclic
@@ -198,11 +297,15 @@ def _serve(args: argparse.Namespace) -> int:
         # open stream at once (vLLM's server freezes its start-up heap the same way).
         gc.collect()
         gc.freeze()
-        print(f"balanceroute serve: {url_of(sock)}  policy={config.policy}  G={config.num_replicas}  "
-              f"dialect={config.kv_dialect}  prefill={len(config.prefill)}", file=sys.stderr, flush=True)
+        line = (f"balanceroute serve: {url_of(sock)}  policy={config.policy}  G={config.num_replicas}  "
+                f"dialect={config.kv_dialect}  prefill={len(config.prefill)}")
+        if config.log_format == "json":  # every stderr line one JSON object
+            logging.getLogger("balanceroute.serving").warning("%s", line)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
-    run_foreground([(app, sock)], started=started, log_level=config.log_level, http_server=config.http_server,
-                   max_body_bytes=config.max_body_bytes)
+    run_foreground([(app, sock)], started=started, log_level=config.log_level,
+                   drain=lambda: app.state.proxy.drain(config.drain_timeout_s), **server_options(config))
     return 0
 
 
@@ -245,27 +348,44 @@ def _prefill_time(text: str) -> tuple[float, float]:
     return values["b"], values["a"]
 
 
+#: EmulatorConfig fields and the flags that set them (for error messages).
+_EMULATOR_FLAGS = {"num_replicas": "--replicas", "num_prefill": "--prefill", "prefill_dp": "--prefill-dp",
+                   "time_scale": "--time-scale", "kv_lease_s": "--kv-lease", "killed": "--kill-replica",
+                   "slow": "--slow-replica", "prefill_fail_rate": "--prefill-fail-rate",
+                   "decode_fail_rate": "--decode-fail-rate", "stream_break_rate": "--stream-break-rate",
+                   "slots": "--slots", "poison_word": "--poison-word"}
+
+
 def _emulate(args: argparse.Namespace) -> int:
+    from balanceroute.cli_checks import flag_error, output_file
+
     from .emulator import EmulatedCluster, EmulatorConfig
     from .runner import emulator_apps, emulator_proxy_mapping, run_foreground
 
+    output_file(args.write_proxy_config, "--write-proxy-config")
     lengths = None
     if args.output_workload:
         from balanceroute.core.workloads import load_workload
 
         lengths = load_workload(args.output_workload, seed=args.seed).output_len.astype("int64")
     prefill_b, prefill_a = _prefill_time(args.prefill_time)
-    config = EmulatorConfig(
-        num_replicas=args.replicas, slots=args.slots, num_prefill=args.prefill, prefill_dp=args.prefill_dp,
-        layout=args.layout, step_model=_step_model(args.step_model), prefill_b=prefill_b,
-        prefill_a=prefill_a, time_scale=args.time_scale, model=args.model, output_lengths=lengths,
-        seed=args.seed, kv_lease_s=args.kv_lease, stamp_chunks=args.stamp_chunks,
-        prefill_fail_rate=args.prefill_fail_rate, decode_fail_rate=args.decode_fail_rate,
-        stream_break_rate=args.stream_break_rate, killed=tuple(args.kill_replica),
-        slow=tuple(args.slow_replica), poison_word=args.poison_word,
-    )
+    try:
+        config = EmulatorConfig(
+            num_replicas=args.replicas, slots=args.slots, num_prefill=args.prefill, prefill_dp=args.prefill_dp,
+            layout=args.layout, step_model=_step_model(args.step_model), prefill_b=prefill_b,
+            prefill_a=prefill_a, time_scale=args.time_scale, model=args.model, output_lengths=lengths,
+            seed=args.seed, kv_lease_s=args.kv_lease, stamp_chunks=args.stamp_chunks,
+            prefill_fail_rate=args.prefill_fail_rate, decode_fail_rate=args.decode_fail_rate,
+            stream_break_rate=args.stream_break_rate, killed=tuple(args.kill_replica),
+            slow=tuple(args.slow_replica), poison_word=args.poison_word,
+        )
+    except ValueError as exc:  # name the flag, not the field
+        raise flag_error(exc, _EMULATOR_FLAGS) from None
     cluster = EmulatedCluster(config)
-    apps, prefill_urls, decode_urls = emulator_apps(cluster, host=args.host, base_port=args.port)
+    try:
+        apps, prefill_urls, decode_urls = emulator_apps(cluster, host=args.host, base_port=args.port)
+    except (OSError, ValueError) as exc:  # name the flags
+        raise ValueError(f"--host {args.host} --port {args.port}: {getattr(exc, 'strerror', None) or exc}") from None
     mapping = emulator_proxy_mapping(config, prefill_urls, decode_urls, kv_dialect=args.kv_dialect)
 
     async def on_start() -> None:

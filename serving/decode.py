@@ -1,5 +1,5 @@
 """The decode stage: wait for the tick's replica, open the decode stream up to its first token,
-retry before it, and attribute failures (DESIGN §4, "fail small").
+retry before it, and attribute failures ("fail small", ``docs/serving.md``).
 
 Before the first token a failure sends the request back to the pool (the tick picks again; the
 dispatcher steers it away from replicas it failed on), up to ``max_attempts``, then 502. A
@@ -10,20 +10,30 @@ same request then got its first token elsewhere; the replica that served it is c
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from balanceroute.core.lease import LeaseRule
+
 from .config import ProxyConfig
 from .dispatch import Dispatcher, LeaseExpired
 from .health import Membership
 from .ledger import Ledger, Ticket
 from .metrics import ProxyMetrics
-from .protocol import ApiError, ClientRequest, decode_body, is_retryable, upstream_headers
+from .protocol import (
+    ApiError,
+    ClientRequest,
+    decode_body,
+    is_retryable,
+    public_reason,
+    upstream_headers,
+)
 from .relay import DecodeStream, Event, StreamBroken, has_token
-from .upstream import UpstreamError, UpstreamPool
+from .upstream import UpstreamError, UpstreamPool, out_of_resources
 from .upstream_httpx import HttpxUpstream
 
 __all__ = ["DecodeStage"]
@@ -51,10 +61,18 @@ class DecodeStage:
     observe: Callable[[Ticket, Event], None]
 
     async def open(self, ticket: Ticket, creq: ClientRequest, prompt_len: int,
-                   kv: dict | None) -> DecodeStream:
+                   kv: dict | None, lease: LeaseRule | None = None,
+                   fields: Callable[[int], dict] | None = None) -> DecodeStream:
         """Pool the ticket, wait for the tick's replica and open the decode stream up to the
-        first token; before it, failures send the ticket back to the pool (bounded)."""
+        first token; before it, failures send the ticket back to the pool (bounded).
+
+        ``lease``: the KV lease of the prefill server that holds the ticket's KV. The ticket is
+        never forwarded once ``lease.forward_by_s`` has passed since it was pooled: then
+        :class:`LeaseExpired` goes to the caller (which prefills it again or fails it). Without
+        a lease (no prefill stage) a pool wait of ``kv_lease_s`` is a 503. ``fields(g)``: body
+        fields for replica ``g`` (the SGLang dialect's bootstrap room and ``routed_dp_rank``)."""
         cfg = self.config
+        forward_by = cfg.kv_lease_s if lease is None else lease.forward_by_s
         body = json.dumps(decode_body(creq.payload, kv), ensure_ascii=False, separators=(",", ":"),
                           allow_nan=False).encode()
         pooled_at = time.monotonic()
@@ -62,33 +80,45 @@ class DecodeStage:
         first = True
         while True:
             try:
-                g = await self.dispatcher.wait_for_slot(ticket, prompt_len if first else None, cfg.kv_lease_s)
+                g = await self.dispatcher.wait_for_slot(ticket, prompt_len if first else None, forward_by)
+                if lease is not None and self.dispatcher.missed_lease(ticket):
+                    raise LeaseExpired(f"request {ticket.request_id} was placed {forward_by:.1f} s or more "
+                                       "after prefill, too late to forward within the KV lease")
             except LeaseExpired as exc:
+                if lease is not None:
+                    raise
                 raise ApiError(503, str(exc), kind="lease_expired", code="kv_lease_expired") from None
             waited = time.monotonic() - pooled_at
+            ticket.pool_wait_s = waited
             if first:
                 self.metrics.pool_wait.observe(waited)
             log.debug("%s: replica %d after %.3f s in the pool (attempt %d)", ticket.request_id, g,
                       waited, ticket.decode_attempts + 1)
             first = False
             ticket.decode_attempts += 1
+            if fields is not None:
+                body = json.dumps({**decode_body(creq.payload, kv), **fields(g)}, ensure_ascii=False,
+                                  separators=(",", ":"), allow_nan=False).encode()
             try:
                 stream = await self._open(ticket, g, creq, body)
             except _Retryable as exc:
                 self.metrics.errors.labels(exc.kind).inc()
                 ticket.failed_on.append(g)
+                log.warning("%s: decode replica %d (%s) failed, attempt %d: %s", ticket.request_id, g,
+                            cfg.decode[g].label, ticket.decode_attempts, exc)
                 if exc.connect:
                     self.members.record(g, False)
                 else:
                     suspects.append(g)
                 if len(set(suspects)) >= cfg.outlier.poison_hosts:
                     self.metrics.poison.labels("decode").inc()
-                    raise ApiError(502, f"decode failed on {len(set(suspects))} replicas; this request "
-                                   f"is not retried further: {exc}", kind="decode_failed",
-                                   code="decode_failed") from None
+                    raise ApiError(502, public_reason(
+                        f"decode failed on {len(set(suspects))} replicas; this request is not retried "
+                        "further", str(exc)), kind="decode_failed", code="decode_failed", detail=str(exc)) from None
                 if ticket.decode_attempts >= cfg.max_attempts:
-                    raise ApiError(502, f"decode failed after {ticket.decode_attempts} attempt(s): {exc}",
-                                   kind="decode_failed", code="decode_failed") from None
+                    raise ApiError(502, public_reason(f"decode failed after {ticket.decode_attempts} "
+                                                      "attempt(s)", str(exc)),
+                                   kind="decode_failed", code="decode_failed", detail=str(exc)) from None
                 self.metrics.retries.labels("decode").inc()
                 self.ledger.requeue(ticket)
                 continue
@@ -99,6 +129,21 @@ class DecodeStage:
             return stream
 
     async def _open(self, ticket: Ticket, g: int, creq: ClientRequest, body: bytes) -> DecodeStream:
+        """One attempt on replica ``g`` up to its first token, within
+        ``decode_first_token_timeout_s`` (past it the attempt is aborted, charged to the replica
+        and retried elsewhere: nothing has been sent to the client yet)."""
+        limit = self.config.decode_first_token_timeout_s
+        start = asyncio.get_running_loop().time()
+        try:
+            async with asyncio.timeout(limit):
+                return await self._attempt(ticket, g, creq, body)
+        except TimeoutError:
+            # charged at once, unless the proxy's own loop lagged meanwhile (then only retried)
+            own = self.members.lag.max_since(start) > 0.1 * limit
+            raise _Retryable("decode_timeout", f"decode {g}: no first token within {limit:g} s",
+                             connect=not own) from None
+
+    async def _attempt(self, ticket: Ticket, g: int, creq: ClientRequest, body: bytes) -> DecodeStream:
         cfg = self.config
         rep = cfg.decode[g]
         try:
@@ -106,6 +151,9 @@ class DecodeStage:
                 rep.url + creq.path, body, upstream_headers(ticket.request_id, rep.dp_rank, rep.api_key()),
                 connect_timeout=cfg.connect_timeout_s, read_timeout=cfg.decode_read_timeout_s)
         except UpstreamError as exc:
+            if exc.local:  # the proxy's own descriptors or buffers: nobody else's failure
+                log.warning("%s: decode replica %d not tried: %s", ticket.request_id, g, exc)
+                raise out_of_resources(cfg.retry_after_s) from None
             raise _Retryable("decode_connect", f"decode {g}: {exc}", connect=exc.connect) from None
         if response.status != 200:
             try:
@@ -137,7 +185,9 @@ class DecodeStage:
                         stream.buffered = pending
                         if not ticket.first_token:
                             ticket.first_token = True
-                            self.metrics.ttft.observe(time.monotonic() - ticket.created)
+                            ticket.first_token_at = time.monotonic()
+                            ticket.first_token_tokens = ticket.age
+                            self.metrics.ttft.observe(ticket.first_token_at - ticket.created)
                         log.debug("%s: first token from replica %d, %.3f s after arrival",
                                   ticket.request_id, g, time.monotonic() - ticket.created)
                         return stream

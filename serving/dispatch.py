@@ -32,7 +32,9 @@ __all__ = ["Dispatcher", "LeaseExpired"]
 
 
 class LeaseExpired(Exception):
-    """A pooled request waited longer than its KV lease: prefill has freed its KV cache."""
+    """A pooled request reached its forward-by time (its prefill server's KV lease minus the
+    transfer margin, :class:`~balanceroute.core.lease.LeaseRule`) before it was forwarded to
+    decode: it must not be forwarded (prefill may free the KV before decode pulls it)."""
 
 
 class Dispatcher:
@@ -68,6 +70,11 @@ class Dispatcher:
         """Start the tick loop on the running event loop."""
         self._task = asyncio.get_running_loop().create_task(self._run(), name="balanceroute-tick")
 
+    @property
+    def stopped(self) -> bool:
+        """Whether the tick loop was started and has ended (liveness and readiness check it)."""
+        return self._task is not None and self._task.done()
+
     async def stop(self) -> None:
         """Stop the tick loop."""
         if self._task is not None:
@@ -84,14 +91,26 @@ class Dispatcher:
     async def wait_for_slot(self, ticket: Ticket, prompt_len: int | None, lease_s: float) -> int:
         """Pool ``ticket`` (newly prefilled with s_i = ``prompt_len``, or ``None`` for a ticket
         that :meth:`Ledger.requeue` already put back) and wait for the replica a tick gives it.
+        ``lease_s``: how long after now it may still be forwarded (``LeaseRule.forward_by_s``).
 
-        Raises :class:`LeaseExpired` when the lease ends first.
+        Raises :class:`LeaseExpired` when that time comes first.
         """
         ticket.future = asyncio.get_running_loop().create_future()
         if prompt_len is not None:
             self.ledger.enqueue(ticket, prompt_len, self.clock(), lease_s)
         self.wake()
         return await ticket.future
+
+    def missed_lease(self, ticket: Ticket) -> bool:
+        """Whether ``ticket`` is past its forward-by time now (checked again right before it is
+        forwarded: the tick that placed it ran a moment earlier)."""
+        return self.clock() >= ticket.lease_deadline
+
+    def reprefill(self, ticket: Ticket) -> None:
+        """``ticket`` missed its lease: back to prefilling (see :meth:`Ledger.reprefill`); a slot
+        it held is free for the next tick."""
+        self.ledger.reprefill(ticket)
+        self.wake()
 
     def finish(self, ticket: Ticket, outcome: str) -> bool:
         """End ``ticket`` (exactly once; see :meth:`Ledger.finish`) and wake the tick."""
@@ -110,7 +129,7 @@ class Dispatcher:
             if ticket.future is not None and not ticket.future.done():
                 ticket.future.set_exception(LeaseExpired(
                     f"request {ticket.request_id} waited {now - ticket.joined:.1f} s for a decode "
-                    "slot, past its KV lease; prefill has freed its KV cache"))
+                    "slot: too long to forward within its prefill server's KV lease"))
         t0 = time.perf_counter()
         inputs = self.ledger.build_tick(now)
         if inputs is None:

@@ -61,6 +61,8 @@ class EmulatorConfig:
     (HTTP 500 before the first token), ``stream_break_rate`` (the stream stops at a random
     token), ``killed`` replicas (503, streams cut), ``slow`` replicas ((g, factor) pairs),
     ``poison_word`` (every decode replica answers 500 to a prompt containing it).
+    ``replica_steps``: one step model per replica (a_g, b_g, c_g; docs/replicas.md), the step
+    then lasting max_g (b_g + slow_g·(a_g·L_g + c_g·n_g)); ``None``: ``step_model`` everywhere.
     ``stamp_chunks`` adds ``emulator_ts`` (``time.monotonic()`` when the token was made) to
     every streamed chunk, for latency measurements.
     """
@@ -86,6 +88,7 @@ class EmulatorConfig:
     stream_break_rate: float = 0.0
     killed: tuple[int, ...] = ()
     slow: tuple[tuple[int, float], ...] = ()
+    replica_steps: tuple[StepModel, ...] | None = None
     poison_word: str | None = None
 
     def __post_init__(self) -> None:
@@ -110,6 +113,8 @@ class EmulatorConfig:
             raise ValueError(f"{self.killed=} names a replica that does not exist")
         if any(not 0 <= g < self.num_replicas or not f > 0 for g, f in self.slow):
             raise ValueError(f"{self.slow=} must be (replica, factor > 0) pairs")
+        if self.replica_steps is not None and len(self.replica_steps) != self.num_replicas:
+            raise ValueError(f"{self.replica_steps=} must name one step model per replica")
         if self.output_lengths is not None and (
                 self.output_lengths.ndim != 1 or self.output_lengths.size == 0 or self.output_lengths.min() < 1):
             raise ValueError("output_lengths must be a non-empty 1-D array of lengths >= 1")
@@ -141,6 +146,7 @@ class _Replica:
     waiting: deque = field(default_factory=deque)
     load: int = 0
     killed: bool = False
+    hung: bool = False  # a SIGSTOP: no step, no answer, streams frozen (fault "hang")
     slow: float = 1.0
     fail_rate: float = 0.0
     break_rate: float = 0.0
@@ -171,8 +177,10 @@ class EmulatedCluster:
         for g, factor in config.slow:
             self.replicas[g].slow = factor
         self.prefill_killed = [False] * config.num_prefill
+        self.prefill_hung = [False] * config.num_prefill  # fault "hang": requests wait unanswered
         self.prefill_fail = [config.prefill_fail_rate] * config.num_prefill
         self.holds: dict[str, _Hold] = {}
+        self.rooms: dict[int, tuple[int, asyncio.Event]] = {}  # SGLang bootstrap rooms: (prompt, pulled)
         self._work = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.reset_stats()
@@ -182,7 +190,7 @@ class EmulatedCluster:
         self.totals = StepTotals()
         self.kv = {"hits": 0, "misses": 0, "expired": 0}
         self.counts = {"prefilled": 0, "admitted": 0, "completed": 0, "aborted": 0, "broken": 0,
-                       "failed_injected": 0, "rejected": 0}
+                       "failed_injected": 0, "rejected": 0, "injected": 0}
         self.wall_start: float | None = None
         self.wall_last = 0.0
 
@@ -261,6 +269,34 @@ class EmulatedCluster:
         self.kv["hits"] += 1
         return hold.prompt
 
+    async def serve_room(self, room: int, prompt: int) -> bool:
+        """SGLang prefill: the KV of ``room`` is ready; wait (at most ``kv_lease_s``, SGLang's
+        bootstrap timeout) for the decode leg of the room to pull it. ``False``: none came."""
+        pulled = asyncio.Event()
+        self.rooms[room] = (prompt, pulled)
+        try:
+            await asyncio.wait_for(pulled.wait(), self.config.kv_lease_s)
+            return True
+        except asyncio.TimeoutError:
+            self.kv["expired"] += 1
+            return False
+        finally:
+            self.rooms.pop(room, None)
+
+    async def pull_room(self, room: int) -> int | None:
+        """SGLang decode: pull the KV of ``room`` once its prefill leg has it (waiting at most
+        ``kv_lease_s``); the prompt length, or ``None`` when no prefill leg serves the room."""
+        end = time.monotonic() + self.config.kv_lease_s
+        while room not in self.rooms:
+            if time.monotonic() > end:
+                self.kv["misses"] += 1
+                return None
+            await asyncio.sleep(0.005)
+        prompt, pulled = self.rooms.pop(room)
+        pulled.set()
+        self.kv["hits"] += 1
+        return prompt
+
     def pick_rank(self) -> int:
         """The least-loaded live replica (what a DP server does without a rank header)."""
         live = [g for g, r in enumerate(self.replicas) if not r.killed]
@@ -273,6 +309,25 @@ class EmulatedCluster:
         """Queue ``req`` on its replica; it is admitted at the start of a step."""
         self.replicas[req.replica].waiting.append(req)
         self._work.set()
+
+    @property
+    def kv_budget(self) -> int:
+        """Each replica's KV token budget as the engine reports it (whole blocks of
+        ``block_size`` within ``kv_capacity_tokens``: vLLM ``num_gpu_blocks × block_size``)."""
+        block = self.config.block_size
+        return max(block, self.config.kv_capacity_tokens // block * block)
+
+    def inject(self, g: int, prompt: int, output: int, count: int = 1) -> list[EmulatedRequest]:
+        """Queue ``count`` requests straight on replica ``g``, bypassing every proxy (foreign
+        load: a direct client, another router); nobody reads them, they run to the end."""
+        out = []
+        for _ in range(count):
+            req = EmulatedRequest(rid=f"foreign-{self.counts['injected']}", prompt=prompt, output=output,
+                                  replica=g, event=asyncio.Event(), limit=output)
+            self.counts["injected"] += 1
+            self.submit(req)
+            out.append(req)
+        return out
 
     def abort(self, req: EmulatedRequest) -> None:
         """The client went away: drop ``req`` and its KV."""
@@ -305,11 +360,22 @@ class EmulatedCluster:
         self.replicas[g].killed = False
         self._work.set()
 
+    def hang(self, g: int, hung: bool) -> None:
+        """Replica g freezes (as under SIGSTOP: its streams stop, nothing it is asked is
+        answered) or thaws."""
+        self.replicas[g].hung = hung
+        self._work.set()
+
+    async def wait_thawed(self, g: int | None = None, prefill: int | None = None) -> None:
+        """Return once decode replica ``g`` (or prefill instance ``prefill``) is not hung."""
+        while (g is not None and self.replicas[g].hung) or (prefill is not None and self.prefill_hung[prefill]):
+            await asyncio.sleep(0.05)
+
     def _admit(self) -> bool:
         admitted = False
         slots = self.config.slots
         for rep in self.replicas:
-            if rep.killed:
+            if rep.killed or rep.hung:
                 continue
             while rep.waiting and len(rep.running) < slots:
                 req = rep.waiting.popleft()
@@ -326,7 +392,7 @@ class EmulatedCluster:
         stamp = time.monotonic()
         generated = 0
         for rep in self.replicas:
-            if not rep.running:
+            if not rep.running or rep.hung:
                 continue
             n = len(rep.running)
             rep.load += n
@@ -355,14 +421,18 @@ class EmulatedCluster:
         """Admit waiting requests and book the step about to run (``core.dynamics``): its loads
         L_g, its τ and whether it admitted anything; ``None`` when nothing runs."""
         admitted = self._admit()
-        if not any(rep.running for rep in self.replicas):
+        if not any(rep.running and not rep.hung for rep in self.replicas):
             return None
         g_count = self.config.num_replicas
         loads = np.fromiter((r.load for r in self.replicas), dtype=np.float64, count=g_count)
         active = np.fromiter((len(r.running) for r in self.replicas), dtype=np.float64, count=g_count)
-        slow = np.fromiter((r.slow for r in self.replicas), dtype=np.float64, count=g_count)
-        tau = self.config.step_model.step_time(loads, active, slow)
-        self.totals.record(loads, tau)
+        slow = np.fromiter((0.0 if r.hung else r.slow for r in self.replicas), dtype=np.float64, count=g_count)
+        steps = self.config.replica_steps
+        if steps is None:
+            tau = self.config.step_model.step_time(loads, active, slow)
+        else:  # replicas of different speed: the barrier waits for the slowest
+            tau = max(m.b + f * (m.a * x + m.c * n) for m, f, x, n in zip(steps, slow, loads, active))
+        self.totals.record(loads, float(tau))
         return loads, tau, admitted
 
     def end_step(self, admitted: bool) -> None:

@@ -113,6 +113,8 @@ async def _decode(request: Request, chat: bool) -> Response:
     g = request.app.state.replica
     if g is None:
         rank = request.headers.get("x-data-parallel-rank")
+        if payload.get("routed_dp_rank") is not None:  # SGLang names the rank in the body
+            rank = str(payload["routed_dp_rank"])
         if rank is None:
             g = cluster.pick_rank()
         elif not rank.isdigit() or int(rank) >= cluster.config.num_replicas:
@@ -120,6 +122,7 @@ async def _decode(request: Request, chat: bool) -> Response:
         else:
             g = int(rank)
     rep = cluster.replicas[g]
+    await cluster.wait_thawed(g)  # a hung replica answers nothing
     if rep.killed:
         cluster.counts["rejected"] += 1
         return _json_error(503, f"decode replica {g} is down (emulated fault)")
@@ -135,6 +138,12 @@ async def _decode(request: Request, chat: bool) -> Response:
     prompt = None
     if isinstance(kv, dict) and kv.get("do_remote_prefill"):
         prompt = cluster.take_hold(kv, request_id)
+    elif payload.get("bootstrap_room") is not None:  # SGLang: pull from the room's prefill leg
+        prompt = await cluster.pull_room(int(payload["bootstrap_room"]))
+        if prompt is None:
+            return _json_error(500, "Decode transfer failed for request rank=0 "
+                               f"bootstrap_room={payload['bootstrap_room']}: Lost connection with prefill "
+                               "instance (emulated)")
     if prompt is None:  # no remote prefill (or it is gone): prefill here
         prompt = words_prompt_tokens(payload)
         await asyncio.sleep(cluster.scaled(cluster.prefill_seconds(prompt)))
@@ -172,6 +181,7 @@ async def _prefill(request: Request, chat: bool) -> Response:
     payload = await _payload(request)
     if isinstance(payload, JSONResponse):
         return payload
+    await cluster.wait_thawed(prefill=p)
     if cluster.prefill_killed[p]:
         return _json_error(503, f"prefill instance {p} is down (emulated fault)")
     if cluster.prefill_fail[p] and cluster.rng.random() < cluster.prefill_fail[p]:
@@ -179,13 +189,18 @@ async def _prefill(request: Request, chat: bool) -> Response:
         return _json_error(500, f"prefill instance {p} failed (emulated fault)")
     prompt = words_prompt_tokens(payload)
     await asyncio.sleep(cluster.scaled(cluster.prefill_seconds(prompt)))
+    await cluster.wait_thawed(prefill=p)  # hung mid-prefill: the answer waits
     request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
     rank_header = request.headers.get("x-data-parallel-rank", "0")
     rank = int(rank_header) % cluster.config.prefill_dp if rank_header.isdigit() else 0
     engine_id = f"emu-prefill-{p}-dp{rank}"
     kv_in = payload.get("kv_transfer_params")
     kv_out = None
-    if isinstance(kv_in, dict) and kv_in.get("do_remote_decode"):
+    if payload.get("bootstrap_room") is not None:  # SGLang: answer once decode pulled the KV
+        if not await cluster.serve_room(int(payload["bootstrap_room"]), prompt):
+            return _json_error(500, f"prefill instance {p}: no decode leg joined bootstrap room "
+                               f"{payload['bootstrap_room']} within the bootstrap timeout (emulated)")
+    elif isinstance(kv_in, dict) and kv_in.get("do_remote_decode"):
         if kv_in.get("transfer_id"):  # Mooncake: decode pulls by transfer id, prefill returns nothing
             cluster.hold(str(kv_in["transfer_id"]), prompt, engine_id)
         else:  # NIXL: prefill tells decode where the blocks are
@@ -228,13 +243,17 @@ class _VllmCollector:
         }
         success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
                                       labels=[*labels, "finished_reason"])
+        cache = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                                  labels=["block_size", "engine", "num_gpu_blocks"])
+        block = cl.config.block_size
         for g in self.engines:
             key = [str(g), model]
             if self.decode:
                 rep = cl.replicas[g]
                 families["running"].add_metric(key, len(rep.running))
                 families["waiting"].add_metric(key, len(rep.waiting))
-                families["kv"].add_metric(key, min(1.0, rep.load / cl.config.kv_capacity_tokens))
+                families["kv"].add_metric(key, min(1.0, rep.load / cl.kv_budget))
+                cache.add_metric([str(block), str(g), str(cl.kv_budget // block)], 1.0)
                 families["prompt"].add_metric(key, rep.prompt_tokens)
                 families["gen"].add_metric(key, rep.generated)
                 for reason in ("length", "stop", "abort"):
@@ -244,6 +263,8 @@ class _VllmCollector:
                     families[name].add_metric(key, 0)
         yield from families.values()
         yield success
+        if self.decode:
+            yield cache
 
 
 router = APIRouter()
@@ -255,12 +276,14 @@ async def health(request: Request) -> Response:
     cluster = _cluster(request)
     state = request.app.state
     if state.prefill_index is not None:
+        await cluster.wait_thawed(prefill=state.prefill_index)
         down = cluster.prefill_killed[state.prefill_index]
     else:
         g = state.replica
         rank = request.headers.get("x-data-parallel-rank")
         if g is None and rank is not None and rank.isdigit() and int(rank) < cluster.config.num_replicas:
             g = int(rank)
+        await cluster.wait_thawed(g)
         down = (cluster.replicas[g].killed if g is not None
                 else all(r.killed for r in cluster.replicas))
     return Response(status_code=503 if down else 200)
@@ -302,6 +325,46 @@ async def get_load(request: Request) -> Response:
     return JSONResponse({"load": load})
 
 
+@router.get("/v1/loads")
+async def loads(request: Request) -> Response:
+    """SGLang's per-rank load report (``GET /v1/loads``, SGLang 0.5.x shape): one ``loads``
+    entry per DP rank this decode server hosts (a one-replica server is rank 0)."""
+    cluster = _cluster(request)
+    g = request.app.state.replica
+    if request.app.state.prefill_index is not None:
+        return _json_error(404, "only decode servers report /v1/loads here")
+    ranks = [(0, g)] if g is not None else list(enumerate(range(cluster.config.num_replicas)))
+    entries = []
+    for rank, k in ranks:
+        rep = cluster.replicas[k]
+        entries.append({"dp_rank": rank, "num_running_reqs": len(rep.running),
+                        "num_waiting_reqs": len(rep.waiting), "num_used_tokens": rep.load,
+                        "max_total_num_tokens": cluster.kv_budget, "max_running_requests": cluster.config.slots,
+                        "token_usage": rep.load / cluster.kv_budget, "gen_throughput": 0.0})
+    return JSONResponse({"timestamp": time.time(), "version": "emulated", "loads": entries,
+                         "disaggregation": {}})
+
+
+@router.post("/inject")
+async def inject(request: Request) -> Response:
+    """Traffic that bypasses every proxy: ``{"replica", "prompt", "output", "count"}`` queues
+    ``count`` requests of ``prompt`` + ``output`` tokens straight on decode replica ``replica``
+    (nobody reads their streams; they run to the end)."""
+    cluster = _cluster(request)
+    payload = await _payload(request)
+    if isinstance(payload, JSONResponse):
+        return payload
+    try:
+        g, prompt = int(payload["replica"]), int(payload.get("prompt", 64))
+        output, count = int(payload.get("output", 64)), int(payload.get("count", 1))
+    except (KeyError, TypeError, ValueError):
+        return _json_error(400, "inject needs integer replica (and optional prompt, output, count)")
+    if not 0 <= g < cluster.config.num_replicas or min(prompt, output, count) < 1:
+        return _json_error(400, f"bad inject {payload!r}")
+    cluster.inject(g, prompt, output, count)
+    return JSONResponse({"replica": g, "injected": count})
+
+
 @router.get("/query")
 async def query(request: Request) -> Response:
     """Mooncake bootstrap: ``{dp_rank: {"engine_id": ..., "worker_addr": ...}}``."""
@@ -335,8 +398,8 @@ async def stats_reset(request: Request) -> Response:
 @router.post("/fault/{role}/{index}")
 async def fault(request: Request, role: str, index: int) -> Response:
     """Fault injection. ``role`` = ``decode`` or ``prefill``; body ``{"action", "value"}`` with
-    action ``kill``, ``revive``, ``slow`` (decode: step-time factor), ``fail_rate`` or
-    ``break_rate`` (decode)."""
+    action ``kill``, ``revive``, ``hang``/``thaw`` (as SIGSTOP/SIGCONT: nothing answered,
+    streams frozen), ``slow`` (decode: step-time factor), ``fail_rate`` or ``break_rate`` (decode)."""
     cluster = _cluster(request)
     payload = await _payload(request)
     if isinstance(payload, JSONResponse):
@@ -350,6 +413,8 @@ async def fault(request: Request, role: str, index: int) -> Response:
             cluster.kill(index)
         elif action == "revive":
             cluster.revive(index)
+        elif action in ("hang", "thaw"):
+            cluster.hang(index, action == "hang")
         elif action == "slow" and value > 0:
             rep.slow = float(value)
         elif action == "fail_rate" and 0 <= value <= 1:
@@ -358,16 +423,19 @@ async def fault(request: Request, role: str, index: int) -> Response:
             rep.break_rate = float(value)
         else:
             return _json_error(400, f"bad decode fault {payload!r}")
-        return JSONResponse({"replica": index, "killed": rep.killed, "slow": rep.slow,
+        return JSONResponse({"replica": index, "killed": rep.killed, "hung": rep.hung, "slow": rep.slow,
                              "fail_rate": rep.fail_rate, "break_rate": rep.break_rate})
     if role == "prefill" and 0 <= index < cluster.config.num_prefill:
         if action in ("kill", "revive"):
             cluster.prefill_killed[index] = action == "kill"
+        elif action in ("hang", "thaw"):
+            cluster.prefill_hung[index] = action == "hang"
         elif action == "fail_rate" and 0 <= value <= 1:
             cluster.prefill_fail[index] = float(value)
         else:
             return _json_error(400, f"bad prefill fault {payload!r}")
         return JSONResponse({"prefill": index, "killed": cluster.prefill_killed[index],
+                             "hung": cluster.prefill_hung[index],
                              "fail_rate": cluster.prefill_fail[index]})
     return _json_error(404, f"no {role} {index}")
 

@@ -1,8 +1,18 @@
 """Which decode replicas the policy may use: drained by hand, probed down, ejected by outlier
-detection (:mod:`.outlier`), or all of them in panic mode; the health-probe and bootstrap loop.
+detection (:mod:`.outlier`), or all of them in panic mode; the health-probe and bootstrap loop;
+the proxy's readiness.
 
 A replica out of service has 0 free slots in the policy's state. When an ejection ends the
 usable set is recomputed by a timer, so recovery does not wait for a probe round.
+
+Readiness (``/health``, ``/health/ready``) is stricter than routing: panic mode routes to every
+replica, but the proxy is ready only while some decode replica (and, with a prefill stage, some
+prefill instance) is neither drained nor ejected and passed its latest conclusive probe — so the
+round after the last replica goes, readiness fails. A probe is *inconclusive* (it changes
+nothing) when it failed for the proxy's own reasons: it timed out while the proxy's event loop
+lagged (:class:`LoopLag`: a timer ran late by more than a tenth of the probe timeout during the
+probe), or the proxy was out of descriptors or buffers (:func:`local_error`). A busy proxy thus
+cannot probe its replicas down.
 """
 
 from __future__ import annotations
@@ -11,20 +21,55 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 
 import httpx
 
 from .config import ProxyConfig
 from .dispatch import Dispatcher
+from .http1 import LOCAL_ERRNOS, local_error
 from .ledger import Ledger
 from .metrics import ProxyMetrics
 from .outlier import OutlierDetector
 from .prefill import PrefillStage
 from .protocol import upstream_headers
 
-__all__ = ["Membership"]
+__all__ = ["LOCAL_ERRNOS", "LoopLag", "Membership", "local_error"]
 
 log = logging.getLogger("balanceroute.serving.health")
+
+class LoopLag:
+    """How late the event loop runs a timer: every ``interval_s`` a sleep's overshoot is
+    sampled (kept for ``keep_s``). :meth:`max_since` is what a probe result is judged against."""
+
+    def __init__(self, interval_s: float = 0.05, keep_s: float = 60.0) -> None:
+        self.interval_s = interval_s
+        self.keep_s = keep_s
+        self.samples: deque[tuple[float, float]] = deque()  # (when sampled, lag)
+        self.last = 0.0
+        self._due = 0.0
+
+    async def run(self) -> None:
+        """Sample until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            self._due = loop.time() + self.interval_s
+            await asyncio.sleep(self.interval_s)
+            now = loop.time()
+            self.last = max(0.0, now - self._due)
+            self.samples.append((now, self.last))
+            while self.samples and self.samples[0][0] < now - self.keep_s:
+                self.samples.popleft()
+
+    def max_since(self, start: float) -> float:
+        """The largest lag seen since loop time ``start`` (a sample still overdue counts)."""
+        now = asyncio.get_running_loop().time()
+        worst = max(0.0, now - self._due) if self._due else 0.0
+        for when, lag in reversed(self.samples):
+            if when < start:  # woke before the window: no overlap
+                break
+            worst = max(worst, lag)
+        return worst
 
 
 class Membership:
@@ -41,21 +86,52 @@ class Membership:
         self.outliers = OutlierDetector(config.num_replicas, config.outlier, on_change=self.refresh)
         self.drained = [False] * config.num_replicas
         self.panic = False
+        # the latest conclusive probe per decode replica / prefill instance (None: none yet)
+        self.last_probe: list[bool | None] = [None] * config.num_replicas
+        self.last_prefill_probe: list[bool | None] = [None] * len(config.prefill)
+        self.inconclusive = 0  # probe results not counted (the proxy's own lag or resources)
+        self.lag = LoopLag()
         self._expiry: asyncio.TimerHandle | None = None
         self._task: asyncio.Task | None = None
+        self._lag_task: asyncio.Task | None = None
 
     def start(self) -> None:
-        """Start the probe/bootstrap loop."""
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="balanceroute-health")
+        """Start the probe/bootstrap loop and the loop-lag monitor."""
+        loop = asyncio.get_running_loop()
+        self._lag_task = loop.create_task(self.lag.run(), name="balanceroute-loop-lag")
+        self._task = loop.create_task(self._loop(), name="balanceroute-health")
 
     async def stop(self) -> None:
-        """Stop the loop and the ejection timer."""
+        """Stop the loop, the lag monitor and the ejection timer."""
         if self._expiry is not None:
             self._expiry.cancel()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._lag_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def decode_unready(self) -> str | None:
+        """Why no decode replica can serve (``None``: at least one can); see the module doc."""
+        n = self.config.num_replicas
+        drained = sum(self.drained)
+        ejected = sum(1 for g in range(n) if not self.drained[g] and self.outliers.ejected(g))
+        failing = sum(1 for g in range(n) if not self.drained[g] and not self.outliers.ejected(g)
+                      and self.last_probe[g] is False)
+        if drained + ejected + failing < n:
+            return None
+        return (f"no decode replica in service: of {n}, {drained} drained, {ejected} ejected, "
+                f"{failing} failing health probes")
+
+    def prefill_unready(self) -> str | None:
+        """Why no prefill instance can serve (``None``: at least one can)."""
+        if not self.prefills.discovered:
+            return "prefill DP ranks not discovered yet (bootstrap /query)"
+        known = {t.index for t in self.prefills.targets}
+        det = self.prefills.detector
+        if any(not det.ejected(i) and self.last_prefill_probe[i] is not False for i in known):
+            return None
+        return f"no prefill instance in service: {len(self.config.prefill)} ejected or failing health probes"
 
     def record(self, g: int, ok: bool) -> None:
         """An attributed request result of replica ``g``."""
@@ -87,24 +163,48 @@ class Membership:
         if wait is not None:
             self._expiry = asyncio.get_running_loop().call_later(wait + 1e-3, self.refresh)
 
-    async def _probe(self, url: str, dp_rank: int | None, api_key: str | None) -> bool:
+    async def _probe(self, url: str, dp_rank: int | None, api_key: str | None) -> bool | None:
+        """One probe: passed, failed, or ``None`` when the failure is the proxy's own (its loop
+        lagged during a probe that timed out, or a local resource error)."""
+        timeout = self.config.health_timeout_s
+        start = asyncio.get_running_loop().time()
         try:
             resp = await self.client.get(url + "/health", headers=upstream_headers("health", dp_rank, api_key),
-                                         timeout=self.config.health_timeout_s)
-        except httpx.HTTPError:
+                                         timeout=timeout)
+        except httpx.TimeoutException:
+            if self.lag.max_since(start) > 0.1 * timeout:
+                return None
             return False
+        except httpx.HTTPError as exc:
+            return None if local_error(exc) else False
+        except OSError as exc:
+            if local_error(exc):
+                return None
+            raise
         return resp.status_code == 200
 
     async def probe_all(self) -> None:
-        """One round of health probes (decode replicas and prefill instances)."""
+        """One round of health probes (decode replicas and prefill instances); inconclusive
+        results change nothing."""
         cfg = self.config
         decode = [self._probe(d.url, d.dp_rank, d.api_key()) for d in cfg.decode]
         prefill = [self._probe(p.url, None, p.api_key()) for p in cfg.prefill]
         results = await asyncio.gather(*decode, *prefill)
+        skipped = sum(1 for ok in results if ok is None)
+        if skipped:
+            self.inconclusive += skipped
+            log.info("%d health probe(s) inconclusive (proxy loop lag %.2f s, or out of descriptors): "
+                     "not counted", skipped, self.lag.last)
         for g, ok in enumerate(results[: len(decode)]):
+            if ok is None:
+                continue
+            self.last_probe[g] = ok
             if self.outliers.probe(g, ok):
                 log.warning("decode replica %d is %s (health probes)", g, "back" if ok else "down")
         for i, ok in enumerate(results[len(decode):]):
+            if ok is None:
+                continue
+            self.last_prefill_probe[i] = ok
             if self.prefills.detector.probe(i, ok):
                 log.warning("prefill instance %d is %s (health probes)", i, "back" if ok else "down")
 

@@ -4,12 +4,33 @@ and headers and chunked transfer decoding by byte scanning; for the native serve
 
 from __future__ import annotations
 
+import errno
 import re
 from collections.abc import Iterable
 from http import HTTPStatus
 
-__all__ = ["LAST_CHUNK", "MAX_LINE", "ChunkedDecoder", "UpstreamError", "encode_chunk", "parse_head",
-           "response_head", "whole_chunk"]
+__all__ = ["LAST_CHUNK", "LOCAL_ERRNOS", "MAX_LINE", "ChunkedDecoder", "UpstreamError", "encode_chunk",
+           "local_error", "parse_head", "response_head", "whole_chunk"]
+
+# errors that are the proxy's, not an upstream's: out of descriptors, buffers or memory
+LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def local_error(exc: BaseException | None) -> bool:
+    """Whether ``exc`` — or an exception it was raised from, or one in an exception group — is
+    an OSError with an :data:`LOCAL_ERRNOS` code (never an upstream's fault)."""
+    todo, seen = [exc], 0
+    while todo and seen < 32:
+        e = todo.pop()
+        seen += 1
+        if e is None:
+            continue
+        if isinstance(e, OSError) and e.errno in LOCAL_ERRNOS:
+            return True
+        if isinstance(e, UpstreamError) and e.local:
+            return True
+        todo.extend([e.__cause__, e.__context__, *getattr(e, "exceptions", ())])
+    return False
 
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 MAX_LINE = 8192  # a chunk-size or trailer line; the whole header block gets 8 × this
@@ -18,11 +39,13 @@ _SIZE, _DATA, _CRLF, _TRAILER, _DONE = range(5)
 
 class UpstreamError(Exception):
     """An upstream call failed; ``connect`` when no connection could be made (refused or
-    timed out), the evidence that charges a replica at once."""
+    timed out), the evidence that charges a replica at once; ``local`` when the proxy itself
+    ran out of something (:data:`LOCAL_ERRNOS`), which charges nobody."""
 
-    def __init__(self, message: str, *, connect: bool = False) -> None:
+    def __init__(self, message: str, *, connect: bool = False, local: bool = False) -> None:
         super().__init__(message)
-        self.connect = connect
+        self.connect = connect and not local
+        self.local = local
 
 
 def whole_chunk(data: bytes) -> int:

@@ -10,7 +10,13 @@ decode chunk from the upstream connection's ``data_received`` straight into this
 with flow control both ways and the client's disconnect as a callback — no coroutine per chunk.
 
 Limits, all answered with an OpenAI-shaped error and ``connection: close``: malformed requests
-400, a URL and headers over ``max_head_bytes`` 431, a body over ``max_body_bytes`` 413.
+400, a URL and headers over ``max_head_bytes`` 431, a body over ``max_body_bytes`` 413, a
+request line and headers not complete within ``header_timeout_s`` of its first byte (or a body
+not complete within ``body_timeout_s`` of its headers) 408, a connection beyond
+``max_connections`` 503 with ``Retry-After`` (descriptors stay free for upstream). A client
+whose write buffer stays over its high-water mark for ``write_stall_timeout_s`` is disconnected
+(a spliced relay closes its upstream stream, so decode aborts the request and its slot is
+freed).
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ class _HttpProtocol(asyncio.Protocol):
         self.closing = False
         self._drain: list[asyncio.Future[None]] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._read_timer: asyncio.TimerHandle | None = None  # header/body deadline of a request
+        self._stall_timer: asyncio.TimerHandle | None = None  # the client reads nothing
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._body: list[bytes] = []
@@ -68,7 +76,15 @@ class _HttpProtocol(asyncio.Protocol):
         peer, local = transport.get_extra_info("peername"), transport.get_extra_info("sockname")
         self.client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
         self.local = (str(local[0]), int(local[1])) if isinstance(local, tuple) else None
-        self._idle()
+        if self.server.exiting:
+            transport.close()
+            return
+        if len(self.server.connections) > self.server.max_connections:
+            # descriptors are kept for upstream connections: this client is answered 503
+            self._refuse = (503, "the proxy is at its connection limit; retry shortly", "proxy_overloaded")
+        # a new connection's first request must start within the header timeout (a keep-alive
+        # connection between requests gets keep_alive_s)
+        self._timer = self.loop.call_later(self.server.header_timeout_s, transport.close)
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -101,6 +117,9 @@ class _HttpProtocol(asyncio.Protocol):
         self.server.connections.discard(self)
         if self._timer is not None:
             self._timer.cancel()
+        for timer in (self._read_timer, self._stall_timer):
+            if timer is not None:
+                timer.cancel()
         self.queue.clear()
         for waiter in self._drain:
             if not waiter.done():
@@ -110,11 +129,16 @@ class _HttpProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        if self._stall_timer is None:
+            self._stall_timer = self.loop.call_later(self.server.write_stall_timeout_s, self._stalled)
         if self.cycle is not None and self.cycle.listener is not None:
             self.cycle.listener.pause_writing()
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
         for waiter in self._drain:
             if not waiter.done():
                 waiter.set_result(None)
@@ -132,9 +156,36 @@ class _HttpProtocol(asyncio.Protocol):
         finally:
             self._drain.remove(waiter)
 
+    def _stalled(self) -> None:
+        """The client has read nothing for ``write_stall_timeout_s``: drop it."""
+        self._stall_timer = None
+        log.warning("client %s read nothing for %g s: disconnected", self.client,
+                    self.server.write_stall_timeout_s)
+        self.transport.abort()  # type: ignore[union-attr]
+
+    def _read_deadline(self, seconds: float | None) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+        self._read_timer = None if seconds is None else self.loop.call_later(seconds, self._read_too_slow)
+
+    def _read_too_slow(self) -> None:
+        """A request's head or body did not arrive in time: 408 (or a close mid-response)."""
+        self._read_timer = None
+        if self.closing:
+            return
+        if self.cycle is None and not self.queue:
+            self._refuse = self._refuse or (408, "the request did not arrive in time", "request_timeout")
+            self._fail_now()
+        else:
+            self.closing = True
+            if self.cycle is not None:
+                self.cycle.keep_alive = False
+            self.transport.close()  # type: ignore[union-attr]
+
     # httptools callbacks
     def on_message_begin(self) -> None:
         self._url, self._headers, self._body, self._size, self._head_size = b"", [], [], 0, 0
+        self._read_deadline(self.server.header_timeout_s)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -151,6 +202,7 @@ class _HttpProtocol(asyncio.Protocol):
                             "headers_too_large")
 
     def on_headers_complete(self) -> None:
+        self._read_deadline(self.server.body_timeout_s)
         for name, value in self._headers:
             if name == b"content-length" and value.strip().isdigit() and int(value) > self.server.max_body_bytes:
                 self._too_large()
@@ -170,6 +222,7 @@ class _HttpProtocol(asyncio.Protocol):
             self._refuse = (413, f"request body exceeds {self.server.max_body_bytes} bytes", "request_too_large")
 
     def on_message_complete(self) -> None:
+        self._read_deadline(None)
         if self._refuse is not None:
             return
         request = (self.parser.get_method().decode("ascii"), self.parser.get_http_version(), self._url,
@@ -251,8 +304,10 @@ class _HttpProtocol(asyncio.Protocol):
 
     def _answer_error(self, status: int, message: str, code: str) -> None:
         body = json.dumps(error_body(message, status=status, code=code)).encode()
+        extra = [(b"retry-after", b"1")] if status == 503 else []
         head = response_head(status, [(b"content-type", b"application/json"),
-                                      (b"content-length", b"%d" % len(body))], chunked=False, keep_alive=False)
+                                      (b"content-length", b"%d" % len(body)), *extra],
+                             chunked=False, keep_alive=False)
         self.closing = True
         self.transport.write(head + body)  # type: ignore[union-attr]
         # Close once the client has read the answer (a client still sending its body would
@@ -281,7 +336,9 @@ class NativeServer:
     is in the app's ``state.native_routes`` go to that ASGI callable instead of the app."""
 
     def __init__(self, app: Any, *, keep_alive_s: float = 30.0, graceful_s: float = 2.0,
-                 max_body_bytes: int = MAX_BODY_BYTES, max_head_bytes: int = 64 * 1024) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES, max_head_bytes: int = 64 * 1024,
+                 header_timeout_s: float = 10.0, body_timeout_s: float = 60.0,
+                 write_stall_timeout_s: float = 30.0, max_connections: int = 1 << 30) -> None:
         self.app = app
         # (method, path) → an ASGI callable served directly (the app's ``state.native_routes``)
         self.routes: dict[tuple[str, str], Any] = dict(getattr(getattr(app, "state", None), "native_routes", {}))
@@ -289,12 +346,17 @@ class NativeServer:
         self.graceful_s = graceful_s
         self.max_body_bytes = max_body_bytes
         self.max_head_bytes = max_head_bytes
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.write_stall_timeout_s = write_stall_timeout_s
+        self.max_connections = max_connections  # client connections; beyond: 503 + Retry-After
         self.lifespan = Lifespan(app)
         self.connections: set[_HttpProtocol] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.started = False
         self.exiting = False
         self._exit: asyncio.Event | None = None
+        self._listeners: list[asyncio.Server] = []
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
 
     @property
@@ -307,6 +369,15 @@ class NativeServer:
         if value and self._exit is not None:
             self.loop.call_soon_threadsafe(self._exit.set)
 
+    def stop_accepting(self) -> None:
+        """Close the listeners and the idle connections; requests in progress go on, each
+        connection closing after its response."""
+        self.exiting = True
+        for server in self._listeners:
+            server.close()
+        for conn in list(self.connections):
+            conn.shutdown()
+
     async def serve(self, sockets: list[Any]) -> None:
         """Run the lifespan startup, serve ``sockets`` until ``should_exit``, then shut down."""
         self.loop = asyncio.get_running_loop()
@@ -314,13 +385,12 @@ class NativeServer:
         await self.lifespan.startup()
         servers = [await self.loop.create_server(lambda: _HttpProtocol(self), sock=sock, backlog=2048)
                    for sock in sockets]
+        self._listeners = servers
         self.started = True
         try:
             await self._exit.wait()
         finally:
-            self.exiting = True
-            for server in servers:
-                server.close()
+            self.stop_accepting()
             for conn in list(self.connections):
                 conn.shutdown()
             with contextlib.suppress(TimeoutError):

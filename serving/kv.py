@@ -4,7 +4,10 @@
 decode gets verbatim (vLLM's NixlConnector; vllm-ascend's Mooncake/LLMDataDist connectors).
 ``mooncake``: vLLM's MooncakeConnector — both sides get the proxy's ``transfer_id``; decode gets
 the prefill host's ``remote_bootstrap_addr`` and the ``remote_engine_id`` of the prefill DP rank,
-learnt from the bootstrap server's ``/query``. ``none``: colocated replicas, no prefill stage.
+learnt from the bootstrap server's ``/query``. ``sglang``: SGLang's bootstrap room — both legs
+get the same body with ``bootstrap_host``/``bootstrap_port``/``bootstrap_room``, the prefill
+leg held open until decode is placed (:mod:`.kv_sglang`). ``none``: colocated replicas, no
+prefill stage.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from typing import Any, ClassVar, Protocol
 
 import httpx
 
+from .kv_sglang import SglangDialect
 from .protocol import NIXL_PREFILL_PARAMS
 
-__all__ = ["KV_DIALECTS", "KvDialect", "MooncakeDialect", "NixlDialect", "NoPrefill", "get_dialect"]
+__all__ = ["KV_DIALECTS", "KvDialect", "MooncakeDialect", "NixlDialect", "NoPrefill", "SglangDialect",
+           "get_dialect"]
 
 
 class KvDialect(Protocol):
@@ -26,6 +31,8 @@ class KvDialect(Protocol):
     has_prefill: ClassVar[bool]
     #: whether prefill targets are DP ranks learnt at run time (:meth:`discover`)
     discovers_ranks: ClassVar[bool]
+    #: whether the prefill leg is sent on arrival and held open until decode is placed (SGLang)
+    holds_prefill_open: ClassVar[bool]
 
     def prefill_params(self, transfer_id: str) -> dict[str, Any]:
         """``kv_transfer_params`` of the prefill request."""
@@ -44,6 +51,7 @@ class NixlDialect:
     name: ClassVar[str] = "nixl"
     has_prefill: ClassVar[bool] = True
     discovers_ranks: ClassVar[bool] = False
+    holds_prefill_open: ClassVar[bool] = False
 
     def prefill_params(self, transfer_id: str) -> dict[str, Any]:
         return dict(NIXL_PREFILL_PARAMS)
@@ -60,6 +68,7 @@ class MooncakeDialect:
     name: ClassVar[str] = "mooncake"
     has_prefill: ClassVar[bool] = True
     discovers_ranks: ClassVar[bool] = True
+    holds_prefill_open: ClassVar[bool] = False
 
     def prefill_params(self, transfer_id: str) -> dict[str, Any]:
         return {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": transfer_id}
@@ -89,6 +98,7 @@ class NoPrefill:
     name: ClassVar[str] = "none"
     has_prefill: ClassVar[bool] = False
     discovers_ranks: ClassVar[bool] = False
+    holds_prefill_open: ClassVar[bool] = False
 
     def prefill_params(self, transfer_id: str) -> dict[str, Any]:
         raise RuntimeError("the 'none' dialect has no prefill stage")
@@ -98,7 +108,8 @@ class NoPrefill:
         return None
 
 
-KV_DIALECTS: dict[str, type] = {"nixl": NixlDialect, "mooncake": MooncakeDialect, "none": NoPrefill}
+KV_DIALECTS: dict[str, type] = {"nixl": NixlDialect, "mooncake": MooncakeDialect, "sglang": SglangDialect,
+                                "none": NoPrefill}
 
 
 def get_dialect(name: str) -> KvDialect:

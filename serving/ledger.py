@@ -15,7 +15,7 @@ count and slot is back to zero. No I/O and no asyncio here: :mod:`.dispatch` dri
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,8 +53,13 @@ class Ticket:
     endpoint: str = ""
     created: float = 0.0
     first_token: bool = False
+    first_token_at: float = 0.0  # monotonic time of the first decoded token (TPOT's start)
+    first_token_tokens: int = 0  # completion tokens counted by then
     prompt_checked: bool = False
     failed_on: list[int] = field(default_factory=list)
+    client_id: str = ""  # the client's X-Request-Id (sanitised), for the access log
+    stream: bool = False
+    pool_wait_s: float | None = None  # pooled until the replica that served it was picked
 
 
 class Ledger:
@@ -80,6 +85,8 @@ class Ledger:
         self.tickets: dict[int, Ticket] = {}
         self.step = 0
         self._next_rid = 0
+        # fills the tick's state with foreign load, budgets and speeds (Signals.reconcile)
+        self.reconcile: Callable[[ClusterState], None] | None = None
 
     # ------------------------------------------------------------------ views
     @property
@@ -190,6 +197,22 @@ class Ledger:
                 t.state = "expired"
         return late
 
+    def reprefill(self, ticket: Ticket) -> None:
+        """``ticket`` missed its KV lease (taken out of the pool by :meth:`expire`, or placed
+        but not yet forwarded): it goes back to ``admitted`` to be prefilled again, releasing
+        any slot it holds."""
+        if ticket.state == "active":
+            if ticket.age:
+                raise ValueError(f"ticket {ticket.rid} already has {ticket.age} tokens")
+            self._release(ticket)
+        elif ticket.state == "pooled":
+            self.pool.remove(ticket)
+        elif ticket.state != "expired":
+            raise ValueError(f"ticket {ticket.rid} is {ticket.state}: nothing to prefill again")
+        ticket.state = "admitted"
+        ticket.lease_deadline = float("inf")
+        self.prefilling += 1
+
     def set_available(self, replica: int, available: bool) -> None:
         """Take replica ``replica`` out of service (0 free slots to the policy) or back."""
         self.available[replica] = available
@@ -207,6 +230,10 @@ class Ledger:
             active_prompt=self.slot_prompt[rows, cols], active_age=self.slot_age[rows, cols],
             active_ids=self.slot_rid[rows, cols],
         )
+        if self.reconcile is not None:  # engine-reported state (serving/signals.py): the one hook
+            self.reconcile(state)
+            if not state.free_slots.any():
+                return None
         n = len(self.pool)
         view = PoolView(
             prompt_len=np.fromiter((t.prompt_len for t in self.pool), dtype=np.int64, count=n),

@@ -8,6 +8,7 @@ scrape time. Replicas are labelled by index; with ``replica_labels`` (the config
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,6 +21,8 @@ from .ledger import Ledger
 __all__ = ["CONTENT_TYPE_LATEST", "ProxyMetrics"]
 
 _TICK_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
+_TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.045, 0.05, 0.06, 0.07, 0.08,
+                 0.1, 0.15, 0.2, 0.3, 0.5, 1)
 _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -44,6 +47,14 @@ class _LedgerCollector:
                                 value=led.imbalance())
         yield GaugeMetricFamily("balanceroute_envelope_tokens", "M = max_g L_g.",
                                 value=int(led.loads.max()))
+        capacity = len(led.loads) * int(led.loads.max())
+        yield GaugeMetricFamily("balanceroute_barrier_idle_fraction",
+                                "I / (G*M): the share of the barrier's token capacity idle now.",
+                                value=led.imbalance() / capacity if capacity else 0.0)
+        now = time.monotonic()
+        yield GaugeMetricFamily("balanceroute_pool_oldest_wait_seconds",
+                                "Age of the oldest pooled request (0 when the pool is empty).",
+                                value=max((now - t.joined for t in led.pool), default=0.0))
         per = [
             ("balanceroute_replica_kv_load_tokens", "L_g: KV tokens (prompt + generated) on replica g.", led.loads),
             ("balanceroute_replica_running", "n_g: requests decoding on replica g.", led.num_active),
@@ -83,6 +94,13 @@ class ProxyMetrics:
                                    buckets=_WAIT_BUCKETS, registry=self.registry)
         self.ttft = Histogram("balanceroute_ttft_seconds", "Time from acceptance to the first decoded token.",
                               buckets=_WAIT_BUCKETS, registry=self.registry)
+        self.tpot = Histogram("balanceroute_tpot_seconds", "Mean time per output token after the first, "
+                              "one observation per request that ended ok.", buckets=_TPOT_BUCKETS,
+                              registry=self.registry)
+        self.engine_reads = Counter("balanceroute_engine_reads", "Engine-state reads (docs/engine-state.md) "
+                                    "by source, server and result (ok / failed; a failed read leaves the "
+                                    "server's replicas on the ledger once their last report is stale).",
+                                    ["source", "server", "result"], registry=self.registry)
         self.ejections = Counter("balanceroute_ejections", "Outlier ejections, by stage and reason.",
                                  ["stage", "reason"], registry=self.registry)
         self.poison = Counter("balanceroute_poison_requests", "Requests that failed on several hosts "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -26,6 +27,8 @@ __all__ = [
     "normalize_upstream_error",
     "parse_body",
     "prefill_body",
+    "public_reason",
+    "redact",
     "request_schema",
     "sse",
     "upstream_headers",
@@ -93,24 +96,73 @@ class ApiError(Exception):
     """An error answered to the client as an OpenAI error object with HTTP ``status``.
 
     ``kind`` is the metrics label (``errors_total{kind}``) and the request outcome.
+    ``detail`` is for the log only (upstream addresses, upstream bodies): the proxy logs it
+    with the request id; the client sees ``message``, which never carries either.
     """
 
     def __init__(self, status: int, message: str, *, kind: str, type: str | None = None,
                  param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, detail: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind
         self.body = error_body(message, status=status, type=type, param=param, code=code)
         self.headers = headers or {}
+        self.detail = detail
 
     @classmethod
     def from_upstream(cls, status: int, content: bytes, *, kind: str) -> ApiError:
-        """Relay an upstream 4xx answer (e.g. a prompt longer than the context) as it came."""
+        """Relay an upstream 4xx answer (e.g. a prompt longer than the context): its message
+        with addresses, host names and file paths redacted (:func:`redact`); the body as it
+        came goes to ``detail`` (the log)."""
         body = normalize_upstream_error(status, content)
-        err = cls(status, body["error"]["message"], kind=kind)
+        message = redact(body["error"]["message"])
+        err = cls(status, message, kind=kind, detail=f"HTTP {status}: {_excerpt(content)}")
+        body["error"]["message"] = message
         err.body = body
         return err
+
+
+_REDACT = re.compile(
+    r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+"                         # URLs
+    r"|\[[0-9a-fA-F:.]+\](?::\d+)?"                          # [IPv6](:port)
+    r"|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"                 # IPv4(:port)
+    r"|\b[a-zA-Z0-9-]+(?:\.[a-zA-Z0-9-]+){2,}(?::\d+)?\b"      # host.domain.tld(:port)
+    r"|\b[a-zA-Z0-9-]+:\d{2,5}\b"                             # host:port
+    r"|(?<![\w.])/[\w.@+-]+(?:/[\w.@+-]+)+")                  # /absolute/file/paths
+#: What a client may learn of why its stream broke: fixed words, never upstream text.
+_REASONS = (("read timeout", "read timeout: no data from the replica"), ("timed out", "timed out"),
+            ("stall", "stalled"), ("deadline", "deadline passed"),
+            ("mid-response", "upstream closed the connection mid-response"),
+            ("chunked", "bad chunked encoding"), ("connection lost", "connection lost"),
+            ("ended before", "stream ended before the request finished"),
+            ("non-json", "malformed event"), ("non-object", "malformed event"),
+            ("preempted", "preempted by the decode replica"), ("connect", "connect failed"),
+            ("timeout", "timed out"), ("not a json", "reply is not a JSON object"),
+            ("in service", "none in service"))
+_HTTP_STATUS = re.compile(r"\bHTTP ([1-5]\d\d)\b")
+
+
+def redact(message: str) -> str:
+    """``message`` without URLs, IP addresses, ``host:port``, dotted host names and absolute
+    file paths (each replaced by ``<redacted>``), at most 300 characters: what an upstream's
+    4xx message may show a client."""
+    return _REDACT.sub("<redacted>", message)[:300]
+
+
+def public_reason(lead: str, detail: str) -> str:
+    """The client's message for a request that failed upstream: the fixed phrase ``lead``
+    (e.g. ``"decode replica failed"``) and, when ``detail`` (the log's text) names a known
+    cause, that cause in fixed words; no upstream address or text reaches a client."""
+    status = _HTTP_STATUS.search(detail)  # first: what follows it is the upstream's body
+    low = detail.lower()
+    reason = (f"HTTP {status.group(1)}" if status is not None
+              else next((words for key, words in _REASONS if key in low), None))
+    return f"{lead} ({reason})" if reason else lead
+
+
+def _excerpt(content: bytes) -> str:
+    return content[:500].decode("utf-8", "replace")
 
 
 def normalize_upstream_error(status: int, content: bytes) -> dict[str, Any]:

@@ -8,7 +8,9 @@ the upstream HTTP client is injected so tests can swap the transport.
 from __future__ import annotations
 
 import hmac
+import json
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,10 +24,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from balanceroute.core.policies.base import Policy
 
 from .config import ProxyConfig
+from .logs import client_request_id, log_access
 from .metrics import CONTENT_TYPE_LATEST
 from .protocol import ApiError, error_body, request_schema, upstream_headers
 from .proxy import Proxy, build_policy, error_response
-from .upstream import UpstreamPool
+from .upstream import UpstreamPool, connection_bounds
 from .upstream_httpx import HttpxUpstream
 
 __all__ = ["create_proxy_app", "router"]
@@ -65,6 +68,9 @@ async def _generate(request: Request, chat: bool) -> Response:
     try:
         _check_client(request)
     except ApiError as err:
+        log_access(request_id=client_request_id(request.headers.get("x-request-id")) or f"br-{uuid.uuid4().hex}",
+                   endpoint="chat" if chat else "completions", status=err.status, outcome=err.kind,
+                   duration_s=0.0)
         return error_response(err)
     return await _proxy(request).generate(request, chat=chat)
 
@@ -83,7 +89,9 @@ async def chat_completions(request: Request) -> Response:
 
 @router.get("/v1/models")
 async def models(request: Request) -> Response:
-    """The decode servers' model list (the first one that answers), else ``served_models``."""
+    """The served model names of the first decode server that answers (id, object, created,
+    owned_by: nothing else of the upstream's list, e.g. not vLLM's ``root`` path), else
+    ``served_models``."""
     try:
         _check_client(request)
     except ApiError as err:
@@ -97,8 +105,9 @@ async def models(request: Request) -> Response:
                                           timeout=proxy.config.health_timeout_s)
         except httpx.HTTPError:
             continue
-        if resp.status_code == 200:
-            return Response(resp.content, media_type="application/json")
+        served = _model_list(resp.content) if resp.status_code == 200 else None
+        if served is not None:
+            return JSONResponse(served)
     if proxy.config.served_models:
         return JSONResponse({"object": "list", "data": [
             {"id": m, "object": "model", "created": 0, "owned_by": "balanceroute"}
@@ -106,15 +115,45 @@ async def models(request: Request) -> Response:
     return error_response(ApiError(503, "no decode server answered /v1/models", kind="no_replica"))
 
 
+def _model_list(content: bytes) -> dict[str, Any] | None:
+    """An upstream ``/v1/models`` body reduced to the model names clients may see."""
+    try:
+        data = json.loads(content)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    models = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(models, list):
+        return None
+    kept = [{"id": m["id"], "object": "model",
+             "created": m["created"] if isinstance(m.get("created"), int) else 0,
+             "owned_by": m["owned_by"] if isinstance(m.get("owned_by"), str) else "balanceroute"}
+            for m in models if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    return {"object": "list", "data": kept}
+
+
 @router.get("/health")
+@router.get("/health/ready")
 async def health(request: Request) -> Response:
-    """200 when the tick is warm and a decode replica (and, with a prefill stage, a prefill
-    instance) is in service."""
-    proxy = _proxy(request)
-    if proxy.ready:
+    """Readiness: 200 ``{"status": "ok"}`` while the proxy can serve (not draining, the tick warm
+    and running, a decode replica and — with a prefill stage — a prefill instance in service),
+    else 503 ``{"status": "unavailable", "reason": ...}`` (docs/operator.md)."""
+    reason = _proxy(request).unready_reason()
+    if reason is None:
         return JSONResponse({"status": "ok"})
-    return error_response(ApiError(503, "not ready: warming up, or no decode replica or prefill "
-                                        "instance in service", kind="not_ready"))
+    return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503,
+                        headers={"Cache-Control": "no-store"})
+
+
+@router.get("/health/live")
+async def live(request: Request) -> Response:
+    """Liveness: 200 while the process's event loop answers and the scheduling tick runs (with
+    the loop's latest timer lag), else 503 with the reason."""
+    proxy = _proxy(request)
+    lag = round(proxy.members.lag.last, 4)
+    if proxy.dispatcher.stopped:
+        return JSONResponse({"status": "dead", "reason": "the scheduling tick stopped", "loop_lag_s": lag},
+                            status_code=503)
+    return JSONResponse({"status": "alive", "loop_lag_s": lag})
 
 
 @router.get("/metrics")
@@ -166,11 +205,14 @@ def create_proxy_app(config: ProxyConfig, *, client: httpx.AsyncClient | None = 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Bounded upstream connections (docs/operator.md, descriptors): prefill calls, probes and
+        # reads share the HTTP client; decode streams, at most a host's slots (+ slack) each.
+        bounds = connection_bounds(config)
         http = client or httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=4096),
+            limits=httpx.Limits(max_connections=bounds["client"], max_keepalive_connections=bounds["client"]),
             timeout=httpx.Timeout(config.decode_read_timeout_s, connect=config.connect_timeout_s))
         # Decode streams take the lean client unless a client (a test's transport) was injected.
-        upstream = UpstreamPool() if client is None else HttpxUpstream(client)
+        upstream = UpstreamPool(max_per_host=bounds["per_host"]) if client is None else HttpxUpstream(client)
         proxy = Proxy(config, http, chosen, upstream)
         app.state.proxy = proxy
         await proxy.start()

@@ -12,19 +12,158 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .config import MAX_BODY_BYTES, HttpServer
+from .config import MAX_BODY_BYTES, HttpServer, ProxyConfig
 from .emulator import EmulatedCluster, EmulatorConfig
 from .emulator_app import create_decode_app, create_prefill_app
 from .http_server import NativeServer
 
 __all__ = ["EmulatorThread", "ServerThread", "bind_socket", "configure_logging", "emulator_apps",
-           "emulator_proxy_mapping", "serve_apps", "start_emulator"]
+           "emulator_proxy_mapping", "raise_nofile_limit", "serve_apps", "server_options", "start_emulator"]
 
 T = TypeVar("T")
 Hook = Callable[[], Awaitable[None]]
+log = logging.getLogger("balanceroute.serving.runner")
+
+
+def server_options(config: ProxyConfig) -> dict[str, Any]:
+    """The HTTP server's settings from a proxy config (keyword arguments of :func:`serve_apps`)."""
+    from .upstream import connection_bounds
+
+    bounds = connection_bounds(config)
+    hosts = len({urlsplit(d.url).netloc for d in config.decode})
+    # descriptors kept for upstream connections (decode streams, prefill calls, probes) and the
+    # process itself; client connections get the rest of the open-file limit
+    prefill = min(config.pool_capacity, 512) if config.prefill else 0
+    reserve = hosts * bounds["per_host"] + prefill + 2 * (len(config.prefill) + len(config.decode)) + 64
+    return {"http_server": config.http_server, "max_body_bytes": config.max_body_bytes,
+            "header_timeout_s": config.header_timeout_s, "body_timeout_s": config.body_timeout_s,
+            "write_stall_timeout_s": config.write_stall_timeout_s, "fd_reserve": reserve}
+
+
+def client_connection_limit(fd_reserve: int | None) -> int | None:
+    """Client connections allowed: the open-file soft limit less ``fd_reserve`` (at least 64;
+    ``None``: no limit)."""
+    if fd_reserve is None:
+        return None
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return max(64, soft - fd_reserve)
+
+
+def raise_nofile_limit() -> tuple[int, int]:
+    """Raise the soft limit on open files to the hard limit (each client and each upstream
+    stream holds a descriptor; the usual soft default, 1024, is below what 1,000 concurrent
+    clients need) and log both; returns (soft, hard) as they are now."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return (-1, -1)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    before = soft
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, target, exc)
+    show = lambda n: "unlimited" if n == resource.RLIM_INFINITY else str(n)  # noqa: E731
+    log.info("open-file limit: soft %s (was %s), hard %s", show(soft), show(before), show(hard))
+    return soft, hard
+
+
+class _GuardedHttpTools(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the native server's client limits: a request's line and
+    headers within ``header_timeout_s`` (also a connection that sends nothing), its body within
+    ``body_timeout_s``, and a client whose write buffer stays full for ``write_stall_s`` is
+    disconnected (the app sees ``http.disconnect``; the proxy aborts the upstream request)."""
+
+    header_timeout_s = 10.0
+    body_timeout_s = 60.0
+    write_stall_s = 30.0
+    max_head_bytes = 64 * 1024  # request line and headers (the native server's limit): 431 beyond
+    _read_timer: asyncio.TimerHandle | None = None
+    _stall_timer: asyncio.TimerHandle | None = None
+    _head_size = 0
+
+    def _arm(self, seconds: float | None) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+        self._read_timer = None if seconds is None else self.loop.call_later(seconds, self._too_slow)
+
+    def _too_slow(self) -> None:
+        self._read_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.header_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._arm(None)
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_size = 0
+        self._arm(self.header_timeout_s)
+
+    def on_url(self, url: bytes) -> None:
+        self._grow(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._grow(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def _grow(self, n: int) -> None:
+        self._head_size += n
+        if self._head_size > self.max_head_bytes and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
+                                 b"connection: close\r\n\r\n")
+            self.transport.close()
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._arm(self.body_timeout_s)
+
+    def on_message_complete(self) -> None:
+        self._arm(None)
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and not self.pipeline:
+            self._arm(None)  # idle: uvicorn's keep-alive timeout applies
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall_timer is None:
+            self._stall_timer = self.loop.call_later(self.write_stall_s, self._stalled)
+
+    def resume_writing(self) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        super().resume_writing()
+
+    def _stalled(self) -> None:
+        self._stall_timer = None
+        log.warning("client %s read nothing for %.0f s: disconnected", self.client, self.write_stall_s)
+        self.transport.abort()
 
 
 def bind_socket(host: str, port: int = 0) -> socket.socket:
@@ -75,21 +214,44 @@ async def serve_apps(
     graceful_s: float = 2.0,
     http_server: HttpServer = "uvicorn",
     max_body_bytes: int = MAX_BODY_BYTES,
+    header_timeout_s: float = 10.0,
+    body_timeout_s: float = 60.0,
+    write_stall_timeout_s: float = 30.0,
+    fd_reserve: int | None = None,
+    drain: Hook | None = None,
 ) -> None:
     """Serve every (app, socket) until ``stop`` is set, under uvicorn or the native server
-    (:mod:`.http_server`; ``max_body_bytes`` is its body limit). ``on_start``/``on_stop`` run
-    before the servers start and after they stop; ``started()`` is called once all accept
-    connections."""
+    (:mod:`.http_server`; ``max_body_bytes`` is its body limit; the client timeouts as in
+    :class:`~.config.ProxyConfig`). ``on_start``/``on_stop`` run before the servers start and
+    after they stop; ``started()`` is called once all accept connections. With ``fd_reserve``,
+    client connections beyond the open-file limit less that reserve are answered 503 with
+    ``Retry-After`` (:func:`client_connection_limit`).
+
+    Stopping: the listeners close and idle connections with them, then ``drain()`` runs (the
+    proxy's graceful drain: in-flight requests finish or are ended with an error), then
+    connections still open get ``graceful_s`` before they are closed."""
     if on_start is not None:
         await on_start()
     servers: list[Any]
+    max_clients = client_connection_limit(fd_reserve)
+    if max_clients is not None:
+        log.info("client connections: at most %d (the rest of the open-file limit is kept for upstream)",
+                 max_clients)
     if http_server == "native":
-        servers = [NativeServer(app, keep_alive_s=30, graceful_s=graceful_s, max_body_bytes=max_body_bytes)
+        servers = [NativeServer(app, keep_alive_s=30, graceful_s=graceful_s, max_body_bytes=max_body_bytes,
+                                header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
+                                write_stall_timeout_s=write_stall_timeout_s,
+                                **({} if max_clients is None else {"max_connections": max_clients}))
                    for app, _ in apps]
     else:
+        protocol = type("GuardedHttpTools", (_GuardedHttpTools,), {
+            "header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s,
+            "write_stall_s": write_stall_timeout_s})
         servers = [
-            _Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
-                                   timeout_graceful_shutdown=graceful_s, timeout_keep_alive=30))
+            # log_config=None: uvicorn's lines go through the root handler (text or JSON) too
+            _Server(uvicorn.Config(app, log_level=log_level, log_config=None, access_log=False, lifespan="on", http=protocol,
+                                   timeout_graceful_shutdown=graceful_s, timeout_keep_alive=30,
+                                   limit_concurrency=max_clients, h11_max_incomplete_event_size=64 * 1024))
             for app, _ in apps
         ]
     tasks = [asyncio.ensure_future(s.serve(sockets=[sock])) for s, (_, sock) in zip(servers, apps, strict=True)]
@@ -103,6 +265,10 @@ async def serve_apps(
         stopper = asyncio.ensure_future(stop.wait())
         await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()
+        if drain is not None and stop.is_set():
+            for s in servers:
+                _stop_accepting(s)
+            await drain()
     finally:
         for s in servers:
             s.should_exit = True
@@ -111,18 +277,39 @@ async def serve_apps(
             await on_stop()
 
 
+def _stop_accepting(server: Any) -> None:
+    """Close ``server``'s listeners and its idle connections (the drain's first step)."""
+    if isinstance(server, NativeServer):
+        server.stop_accepting()
+        return
+    for listener in getattr(server, "servers", ()):
+        listener.close()
+    for conn in list(server.server_state.connections):
+        conn.shutdown()
+
+
 def run_foreground(apps: list[tuple[Any, socket.socket]], *, on_start: Hook | None = None,
                    on_stop: Hook | None = None, started: Callable[[], None] | None = None,
                    log_level: str = "info", **server: Any) -> None:
-    """Serve in the main thread until SIGINT/SIGTERM (``server``: ``http_server`` and
-    ``max_body_bytes`` of :func:`serve_apps`)."""
+    """Serve in the main thread until SIGINT/SIGTERM (``server``: the other keyword arguments of
+    :func:`serve_apps`, e.g. :func:`server_options` and ``drain``). Raises the open-file soft
+    limit to the hard limit first."""
+    raise_nofile_limit()
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal(sig: signal.Signals) -> None:
+            if stop.is_set():
+                log.warning("%s again: already stopping", sig.name)
+                return
+            log.warning("%s received: stopping", sig.name)
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(sig, on_signal, sig)
         await serve_apps(apps, stop=stop, on_start=on_start, on_stop=on_stop, started=started,
                          log_level=log_level, **server)
 
@@ -147,6 +334,8 @@ class ServerThread:
     log_level: str = "warning"
     http_server: HttpServer = "uvicorn"
     max_body_bytes: int = MAX_BODY_BYTES
+    drain: Hook | None = None  # run by stop() before the servers close (the proxy's drain)
+    options: dict[str, Any] = field(default_factory=dict)  # more of serve_apps' keywords
     urls: list[str] = field(init=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
     _stop: asyncio.Event | None = field(default=None, init=False)
@@ -175,7 +364,8 @@ class ServerThread:
             self._stop = asyncio.Event()
             await serve_apps(self.apps, stop=self._stop, on_start=self.on_start, on_stop=self.on_stop,
                              started=self._ready.set, log_level=self.log_level,
-                             http_server=self.http_server, max_body_bytes=self.max_body_bytes)
+                             http_server=self.http_server, max_body_bytes=self.max_body_bytes,
+                             drain=self.drain, **self.options)
 
         try:
             asyncio.run(main())
@@ -250,7 +440,7 @@ def emulator_proxy_mapping(config: EmulatorConfig, prefill_urls: list[str], deco
     if kv_dialect != "none":
         if not prefill_urls:
             raise ValueError(f"kv_dialect={kv_dialect!r} needs emulated prefill instances (--prefill >= 1)")
-        out["prefill"] = [{"url": u, "bootstrap_addr": u} if kv_dialect == "mooncake" else {"url": u}
+        out["prefill"] = [{"url": u, "bootstrap_addr": u} if kv_dialect in ("mooncake", "sglang") else {"url": u}
                           for u in prefill_urls]
     return out
 

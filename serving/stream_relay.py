@@ -21,13 +21,17 @@ from collections.abc import Callable
 
 from .asgi import Downstream
 from .ledger import Ticket
-from .protocol import SSE_DONE, ClientRequest, error_body, sse
+from .protocol import SSE_DONE, ClientRequest, error_body, public_reason, sse
 from .relay import DecodeStream, Event, StreamBroken, Write
 from .upstream import UpstreamError
 
 __all__ = ["StreamRelay"]
 
 log = logging.getLogger("balanceroute.serving.proxy")
+
+# what an open stream gets when the proxy's drain grace is over (serving/drain.py)
+SHUTDOWN_EVENT = sse(error_body("the proxy is shutting down; the stream was ended before it finished",
+                                status=503, code="shutting_down")) + SSE_DONE
 
 
 class StreamRelay:
@@ -50,6 +54,8 @@ class StreamRelay:
         self._down: Downstream | None = None
         self._raw_write: Callable[[bytes], None] | None = None  # the client's transport, once its head is out
         self._done: asyncio.Future[None] | None = None
+        self._stopping = False  # :meth:`shutdown` was called
+        self._task: asyncio.Task | None = None  # the coroutine driver's task
 
     # ------------------------------------------------------------ the rule per batch
     def convert(self, batch: list[Event]) -> tuple[bytes, bool]:
@@ -79,15 +85,19 @@ class StreamRelay:
 
     def _error_event(self, exc: StreamBroken) -> bytes:
         self._broken(self.ticket, exc)
-        return sse(error_body(f"upstream decode failed mid-stream: {exc}", status=502, code=exc.kind)) + SSE_DONE
+        message = public_reason("upstream decode failed mid-stream", str(exc))  # no upstream text
+        return sse(error_body(message, status=502, code=exc.kind)) + SSE_DONE
 
     # ---------------------------------------------------------- the coroutine driver
     async def run(self, write: Write) -> None:
         """Relay with a coroutine: read, convert, ``await write(...)``."""
         outcome = "client_disconnect"
         stream = self.stream
+        self._task = asyncio.current_task()
         try:
             try:
+                if self._stopping:
+                    raise asyncio.CancelledError
                 batch, stream.buffered = stream.buffered, []
                 while True:
                     data, done = self.convert(batch)
@@ -109,9 +119,31 @@ class StreamRelay:
             except StreamBroken as exc:
                 outcome = exc.kind
                 await write(self._error_event(exc))
+            except asyncio.CancelledError:
+                if not self._stopping:
+                    raise
+                if self._task is not None and self._task.cancelling():
+                    self._task.uncancel()
+                outcome = "shutdown"
+                await write(SHUTDOWN_EVENT)
         finally:
+            self._task = None
             self._end(self.ticket, outcome)
             await stream.aclose()
+
+    def shutdown(self) -> None:
+        """The proxy's drain grace is over: end the stream now with an error event and
+        ``[DONE]`` (the replica is not charged; the upstream request is aborted)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if self._done is not None:  # spliced
+            if not self._done.done() and self._down is not None:
+                self._down.write(SHUTDOWN_EVENT)
+                self._finish("shutdown")
+        elif self._task is not None:  # the coroutine driver: interrupt its read or write
+            self._task.cancel()
+        # not started yet: run() or splice() ends it at once
 
     # ------------------------------------------------------------ the zero-wake driver
     def splice(self, down: Downstream) -> asyncio.Future[None]:
@@ -121,6 +153,10 @@ class StreamRelay:
         self._done = asyncio.get_running_loop().create_future()
         if down.gone:
             self._finish("client_disconnect")
+            return self._done
+        if self._stopping:
+            down.write(SHUTDOWN_EVENT)
+            self._finish("shutdown")
             return self._done
         down.listen(self)
         batch, self.stream.buffered = self.stream.buffered, []
@@ -152,7 +188,9 @@ class StreamRelay:
                 return False
         stop = len(data) - 4  # the payload without its blank line
         if (not data.endswith(b"\n\n\r\n") or data.find(b"\r", start, stop) >= 0  # (the framing has CRs)
-                or self._general_only(data)):
+                # :meth:`_general_only`, inlined (once per token)
+                or self.stream._buf or not self.ticket.prompt_checked
+                or b"[]" in data or b'"error"' in data or b"recomputed" in data):
             return False
         try:
             at = self._fast_event(data, start, stop)

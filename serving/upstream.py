@@ -24,21 +24,73 @@ import re
 import ssl
 from urllib.parse import urlsplit
 
-from .http1 import MAX_LINE, UpstreamError, parse_head
+from .config import ProxyConfig
+from .http1 import MAX_LINE, UpstreamError, local_error, parse_head
+from .protocol import ApiError
 from .upstream_conn import BodySink, UpstreamConnection, UpstreamResponse
 
-__all__ = ["BodySink", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
+__all__ = ["BodySink", "UpstreamError", "UpstreamPool", "UpstreamResponse", "connection_bounds",
+           "out_of_resources"]
 
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")  # header smuggling: no CR, LF, NUL, ... in what we send
 
 
-class UpstreamPool:
-    """Keep-alive HTTP/1.1 connections per (scheme, host, port) for streamed POSTs."""
+def connection_bounds(config: ProxyConfig) -> dict[str, int]:
+    """Upstream connection bounds for ``config``: ``per_host`` — decode streams to one host (the
+    slots of its replicas, DP ranks summed, plus 8 for streams being closed); ``client`` — the
+    shared HTTP client's connections (prefill calls, at most ``pool_capacity`` at a time, plus
+    probes and reads: 2 per upstream, plus 32)."""
+    per_host: dict[str, int] = {}
+    for rep, slots in zip(config.decode, config.replica_slots(), strict=True):
+        host = urlsplit(rep.url).netloc
+        per_host[host] = per_host.get(host, 0) + slots
+    return {"per_host": max(per_host.values()) + 8,
+            "client": config.pool_capacity + 2 * (len(config.prefill) + len(config.decode)) + 32}
 
-    def __init__(self, *, max_idle_per_host: int = 512) -> None:
+
+def out_of_resources(retry_after_s: int) -> ApiError:
+    """What a client gets when the proxy itself is out of descriptors (or buffers): 503 and
+    ``Retry-After``; no upstream is charged."""
+    return ApiError(503, "the proxy is temporarily out of connections; retry shortly", kind="local_resources",
+                    code="proxy_overloaded", headers={"Retry-After": str(max(1, retry_after_s))})
+
+
+class UpstreamPool:
+    """Keep-alive HTTP/1.1 connections per (scheme, host, port) for streamed POSTs; at most
+    ``max_per_host`` open at a time per host (``None``: no bound): a request beyond it waits
+    for one to close, up to its connect timeout, then fails as a local error (nobody's fault)."""
+
+    def __init__(self, *, max_idle_per_host: int = 512, max_per_host: int | None = None) -> None:
         self.max_idle_per_host = max_idle_per_host
+        self.max_per_host = max_per_host
         self._idle: dict[tuple[str, str, int], list[UpstreamConnection]] = {}
+        self._open: dict[tuple[str, str, int], int] = {}
+        self._freed: dict[tuple[str, str, int], asyncio.Event] = {}
         self._ssl: ssl.SSLContext | None = None
+
+    def _closed(self, key: tuple[str, str, int]) -> None:
+        self._open[key] -= 1
+        freed = self._freed.get(key)
+        if freed is not None:
+            freed.set()
+
+    async def _reserve(self, key: tuple[str, str, int], timeout: float) -> None:
+        """Count one more open connection to ``key``, waiting while the host is at its bound."""
+        limit = self.max_per_host
+        if limit is not None and self._open.get(key, 0) >= limit:
+            try:
+                async with asyncio.timeout(timeout):
+                    while self._open.get(key, 0) >= limit:
+                        idle = self._idle.get(key)
+                        if idle:  # an idle one makes room
+                            idle.pop(0).close()
+                        freed = self._freed.setdefault(key, asyncio.Event())
+                        freed.clear()
+                        await freed.wait()
+            except TimeoutError:
+                raise UpstreamError(f"{limit} connections to {key[1]}:{key[2]} are open (the per-host "
+                                    "bound); none freed in time", local=True) from None
+        self._open[key] = self._open.get(key, 0) + 1
 
     def release(self, key: tuple[str, str, int], conn: UpstreamConnection) -> None:
         """Keep ``conn`` for the next request to ``key`` (or close it when the pool is full)."""
@@ -61,13 +113,37 @@ class UpstreamPool:
         if scheme == "https":
             self._ssl = self._ssl or ssl.create_default_context()
             context = self._ssl
+        await self._reserve(key, timeout)
+        last_local: OSError | None = None
         try:
             async with asyncio.timeout(timeout):
-                _, conn = await loop.create_connection(lambda: UpstreamConnection(loop), host, port, ssl=context)
+                while True:  # out of descriptors (a burst of clients): wait for some, within the timeout
+                    try:
+                        _, conn = await loop.create_connection(lambda: UpstreamConnection(loop), host, port,
+                                                               ssl=context)
+                        break
+                    except OSError as exc:
+                        if not local_error(exc):
+                            raise
+                        last_local = exc
+                        await asyncio.sleep(0.05)
         except TimeoutError:
+            if last_local is not None:  # the proxy's own shortage all along: nobody's fault
+                self._closed(key)
+                raise UpstreamError(f"connect to {host}:{port}: {last_local}", local=True) from None
+            self._closed(key)
             raise UpstreamError(f"connect to {host}:{port} timed out after {timeout:g} s", connect=True) from None
         except OSError as exc:
-            raise UpstreamError(f"connect to {host}:{port} failed: {exc}", connect=True) from None
+            self._closed(key)
+            raise UpstreamError(f"connect to {host}:{port} failed: {exc}", connect=True,
+                                local=local_error(exc)) from None
+        except BaseException:
+            self._closed(key)
+            raise
+        if conn.eof:  # lost already
+            self._closed(key)
+        else:
+            conn.on_lost = lambda: self._closed(key)
         return conn
 
     async def post_stream(self, url: str, content: bytes, headers: dict[str, str], *,

@@ -42,6 +42,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timeout = 0.0
         self.push: UpstreamResponse | None = None  # push mode: bytes go straight to it
+        self.on_lost: Callable[[], None] | None = None  # the pool's count of open connections
 
     # protocol callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -70,6 +71,9 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.eof = True
         self.lost = exc
+        on_lost, self.on_lost = self.on_lost, None
+        if on_lost is not None:
+            on_lost()
         if self.push is not None:
             self.push.pushed_end(None if exc is None else UpstreamError(f"upstream connection lost: {exc}"))
         self._wake(None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from .http1 import UpstreamError
+from .http1 import UpstreamError, local_error
 
 __all__ = ["HttpxUpstream"]
 
@@ -61,7 +61,8 @@ class HttpxUpstream:
             return _HttpxResponse(await self.client.send(request, stream=True))
         except httpx.HTTPError as exc:
             raise UpstreamError(f"{type(exc).__name__}: {exc}",
-                                connect=isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))) from None
+                                connect=isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)),
+                                local=local_error(exc)) from None
 
     async def aclose(self) -> None:
         """Nothing to close: the client belongs to whoever injected it."""

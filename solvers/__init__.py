@@ -70,7 +70,7 @@ def get_solver(name: str) -> Solver:
         from .pulp_backend import pulp_solver_available
 
         if not modules_available("pulp"):
-            raise ValueError(f"solver {name!r} needs pulp: pip install 'balanceroute[solvers]'")
+            raise ValueError(f"solver {name!r} needs pulp: pip install '.[solvers]' in a clone of the repository")
         import pulp
 
         if backend not in pulp.listSolvers():
@@ -86,7 +86,7 @@ def get_solver(name: str) -> Solver:
                          "tick-pulp:<PuLP solver>, clairvoyant-pulp:<PuLP solver>") from None
     if not factory.is_available():  # type: ignore[attr-defined]
         raise ValueError(f"solver {name!r} needs {', '.join(factory.requires)}: "  # type: ignore[attr-defined]
-                         "pip install 'balanceroute[solvers]'")
+                         "pip install '.[solvers]' in a clone of the repository")
     return factory()
 
 

@@ -230,12 +230,16 @@ def _solver_params(pairs: list[str]) -> dict[str, str]:
 
 def run_gap(args: argparse.Namespace) -> int:
     """Handler of ``balanceroute gap``."""
+    from balanceroute.cli_checks import output_dir, output_file
     from balanceroute.progress import progress
 
     from . import get_solver, solver_names, solver_problem
     from .gap import clairvoyant_gap_rows, summarize, tick_gap_rows
     from .instances import save_instance
 
+    output_file(args.csv, "--csv")
+    for flag, folder in (("--save", args.save), ("--solver-log", args.solver_log), ("--export", args.export)):
+        output_dir(folder, flag)
     instances = _instances(args)
     policies = _policies(args)
     solver = args.solver or f"{args.mode}-cpsat"

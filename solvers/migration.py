@@ -5,7 +5,7 @@ conservation stay decisions): a step's envelope is then the optimal partition of
 loads into G parts of at most B requests, P*(A), and the relaxation's value is
 min over start times of Σ_k [G·P*(A_k) − Σ_{i∈A_k} ℓ_i(k)] (or Σ_busy b + a·P*(A_k)). Every
 bound-for-life schedule is one such choice, so the value is a lower bound on the clairvoyant
-optimum (issue 13: it equals the Lagrangian dual of the bound-for-life constraints).
+optimum (it equals the Lagrangian dual of the bound-for-life constraints).
 
 The state at decode step k is (k, the running requests with their start steps, the requests not
 yet started): the future cost depends on nothing else, so memoised recursion over the starting

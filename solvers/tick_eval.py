@@ -19,7 +19,6 @@ from numpy.typing import NDArray
 
 from ..core.model import horizon_f_score
 from ..core.state import ClusterState, PoolView
-from ..core.two_stage import two_stage_assign
 from .instances import TickInstance
 
 __all__ = [
@@ -96,6 +95,8 @@ def policy_tick(instance: TickInstance, policy: object | str = "br0", **params) 
     on a :class:`ClusterState` with the h = 0 loads.
     """
     if policy == "br0":
+        from ..core.two_stage import two_stage_assign  # numba: only when a tick is replayed
+
         out = two_stage_assign(
             instance.proj_loads, instance.free_slots, instance.prompt_len, instance.wait,
             d=instance.d, alpha=instance.alpha, beta=float(instance.beta),

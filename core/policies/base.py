@@ -40,7 +40,9 @@ class FifoPolicy:
     :data:`TURN` (g − ``cursor``) mod G), and ``choose`` takes the lexicographically smallest
     (ties: the lower index) through the one compiled chooser
     (:func:`~balanceroute.core._kernels.fifo_choose`) that the simulator's fused loop also runs.
-    ``cursor`` is the replica after the last one chosen; it persists across ticks.
+    ``cursor`` is the replica after the last one chosen; it persists across ticks. With KV
+    budgets in the state the load a rule sees is L_g − B^KV_g (tokens against capacity, as
+    SGLang's DP minimum-tokens rule counts them): with equal budgets the same order as L_g.
     """
 
     name = "fifo"
@@ -61,6 +63,8 @@ class FifoPolicy:
         """Assign the first ``min(Σ free, |pool|)`` pooled requests in FIFO order."""
         free = state.free_slots.astype(np.int64, copy=True)
         loads = state.loads.astype(np.int64, copy=True)
+        if state.kv_budget is not None:  # tokens against capacity (SGLang's DP minimum tokens)
+            loads -= np.asarray(state.kv_budget, dtype=np.int64)
         active = state.num_active.astype(np.int64, copy=True)
         count = int(min(free.sum(), len(pool)))
         replica = np.empty(count, dtype=np.int64)

@@ -18,10 +18,15 @@ until its forecast remaining steps r elapse, then leaves; it does not grow) and 
    and keeping the best F; if that F ≤ 0, the single request with the best F. A replica with
    slots left goes back in the heap.
 
-``deadline_s`` (not in the paper; ``None`` by default, as its simulator): requests that have
-waited ≥ ``deadline_s`` are placed first, oldest first, each on the open replica with the best
-F(s) (ties: more free slots) — BF-IO under the KV lease a PD deployment imposes, the same
-pool deadline BR-0 and BR-H keep (the proxy sets it from the lease).
+``deadline_s`` and ``ttft_slo_s`` (not in the paper; ``None`` by default, as its simulator):
+requests that have waited ≥ ``deadline_s`` or ≥ θ (below) are placed first, oldest first,
+each on the open replica with the best F(s) (ties: more free slots) — BF-IO under the KV lease
+a PD deployment imposes (the same pool deadline BR-0 and BR-H keep:
+:attr:`~balanceroute.core.lease.LeaseRule.deadline_s`, which leaves the transfer its margin)
+and under BR-0's first-token guard: a request that has waited its scale θ
+(:func:`~balanceroute.core.two_stage.urgency_scale`: ``ttft_slo_s`` or twice the pool's
+median wait, whichever is shorter) is placed first, as at that wait BR-0's urgency outranks any request
+that merely fits.
 
 ``bfio-h0`` is T = 0 (current loads only; then λ = 1 and the heap key is the current load).
 ``bfio`` looks T = ``horizon`` (72) steps ahead with a termination predictor's forecast (its
@@ -36,10 +41,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..dynamics import KV_LEASE_S
+from ..lease import DEFAULT_LEASE
 from ..predictors.base import FeatureSource, Predictor, RequestFeatures
 from ..projection import departure_steps
 from ..state import Assignment, ClusterState, PoolView
+from ..two_stage import urgency_scale
 from ..workloads.base import Workload
 
 __all__ = ["BFIOPolicy", "best_sum_subset", "bfio_h0", "bfio_h0_lease"]
@@ -89,7 +95,8 @@ class BFIOPolicy:
     weight ``beta``, ``greedy_slots`` (the greedy phase runs while more slots are free),
     ``max_candidates`` (the visible queue), a ``predictor`` for the remaining steps of running
     requests (``None``: no departures are forecast), ``features`` (set by :meth:`bind`) and
-    ``deadline_s`` (``None``: no pool deadline, as the paper; module docstring)."""
+    ``deadline_s`` / ``ttft_slo_s`` (``None``: no pool deadline / first-token guard, as the
+    paper; module docstring)."""
 
     horizon: int = 72
     gamma: float = 0.86
@@ -100,6 +107,7 @@ class BFIOPolicy:
     predictor: Predictor | None = None
     features: FeatureSource | None = None
     deadline_s: float | None = None
+    ttft_slo_s: float | None = None
     name: str = "bfio"
 
     def __post_init__(self) -> None:
@@ -113,6 +121,8 @@ class BFIOPolicy:
             raise ValueError(f"{self.greedy_slots=} must be >= 0 and {self.max_candidates=} >= 1")
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise ValueError(f"{self.deadline_s=} must be > 0 (or None: no pool deadline)")
+        if self.ttft_slo_s is not None and not self.ttft_slo_s > 0:
+            raise ValueError(f"{self.ttft_slo_s=} must be > 0 (or None: no first-token guard)")
 
     def bind(self, workload: Workload) -> BFIOPolicy:
         """A copy whose request ids are rows of ``workload`` (the simulator's ids)."""
@@ -171,9 +181,11 @@ class BFIOPolicy:
             free[g] -= len(idx)
             proj[g] += float(sizes[idx].sum())
 
-        # 0) the pool deadline (KV lease), when set: the oldest late request first
-        if self.deadline_s is not None:
-            late = np.flatnonzero(pool.wait >= self.deadline_s)
+        # 0) the pool deadline (KV lease) and first-token guard, when set: oldest late first
+        limits = [x for x in (self.deadline_s, urgency_scale(self.ttft_slo_s, pool.wait))
+                  if x is not None and np.isfinite(x)]
+        if limits:
+            late = np.flatnonzero(pool.wait >= min(limits))
             for i in late[np.argsort(-pool.wait[late], kind="stable")]:
                 open_g = np.flatnonzero(free > 0)
                 if open_g.shape[0] == 0:
@@ -244,6 +256,11 @@ def bfio_h0(**params: object) -> BFIOPolicy:
 
 
 def bfio_h0_lease(**params: object) -> BFIOPolicy:
-    """``bfio-h0-lease``: ``bfio-h0`` under the KV lease — the pool deadline BR-0 keeps
-    (``deadline_s`` = :data:`~balanceroute.core.dynamics.KV_LEASE_S` unless given)."""
-    return bfio_h0(**{"name": "bfio-h0-lease", "deadline_s": KV_LEASE_S, **params})
+    """``bfio-h0-lease``: ``bfio-h0`` held to what BR-0 keeps — the KV lease's pool deadline
+    (``deadline_s`` = :attr:`DEFAULT_LEASE.deadline_s <balanceroute.core.lease.LeaseRule.deadline_s>`,
+    25 s) and BR-0's first-token guard (``ttft_slo_s`` = 4 s), unless given. (The deadline used
+    to be the lease itself, 30 s: a request was rescued only once it had already missed the
+    lease, and each rescue freed a pool place for the next large prompt to starve — more misses
+    than no deadline at all, whose few starved requests clog the pool for good.)"""
+    return bfio_h0(**{"name": "bfio-h0-lease", "deadline_s": DEFAULT_LEASE.deadline_s,
+                      "ttft_slo_s": 4.0, **params})

@@ -1,4 +1,4 @@
-"""BR-0: the prediction-free BalanceRoute policy (DESIGN §2)."""
+"""BR-0: the prediction-free BalanceRoute policy (the two-stage tick, :mod:`.two_stage`)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,81 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from ..dynamics import KV_LEASE_S
 from ..fused import TWO_STAGE, CompiledTick
+from ..lease import DEFAULT_LEASE
 from ..state import Assignment, ClusterState, PoolView
 from ..two_stage import two_stage_assign
 
-__all__ = ["GROWTH_TOKENS", "BR0Policy", "check_tick_params", "stage1_growth_steps"]
+__all__ = ["GROWTH_TOKENS", "KV_GROWTH_STEPS", "BR0Policy", "check_tick_params", "kv_window",
+           "replica_extras", "stage1_growth_steps", "step_weights"]
 
 _ONE = np.ones(1, dtype=np.float64)
 
 GROWTH_TOKENS = 16_384.0
 """Stage 1's default growth window is T = GROWTH_TOKENS / B steps: a replica's free share of its B
 slots is worth up to 16,384 tokens of margin (T = 256 at B = 64, 4,096 at B = 4)."""
+
+
+KV_GROWTH_STEPS = 256
+"""BR-0's KV budget window: a request may join replica g only while its load, grown T steps with
+no departure, fits — L_g + n_g·T + Σ_{i∈Q} (s_i + T) ≤ B^KV_g — T = 256 steps (≈ 15 s at 60 ms).
+Chosen on training draws (seeds 100–101, budgets 0.6 and 0.8 of the unconstrained peak,
+``docs/replicas.md``): of T = 64 / 256 / 1024, 256 gave the highest loaded throughput on every
+draw, 2.5–4× fewer preemptions than 64 and none on mooncake-conv; 1024 all but removes them on
+azure-2024-long but holds back so much load that throughput falls below 64's."""
+
+
+def step_weights(state: ClusterState) -> tuple[NDArray | None, NDArray | None]:
+    """The tick's step-time form of the replicas: weights w_g = a_g / min a and
+    offsets o_g = (b_g + c_g·n_g − min_r(b_r + c_r·n_r)) / min a, so that the loads w_g·L_g + o_g
+    order the replicas as τ_g = b_g + a_g·L_g + c_g·n_g does. ``(None, None)`` — §1's token form,
+    decision for decision — when the state carries no coefficients or every replica has the same
+    ones."""
+    if state.step_a is None:
+        return None, None
+    g = state.num_replicas
+    a = np.asarray(state.step_a, dtype=np.float64)
+    b = np.zeros(g) if state.step_b is None else np.asarray(state.step_b, dtype=np.float64)
+    c = np.zeros(g) if state.step_c is None else np.asarray(state.step_c, dtype=np.float64)
+    if np.all(a == a[0]) and np.all(b == b[0]) and np.all(c == c[0]):
+        return None, None
+    if not (np.all(a > 0) and np.all(np.isfinite(a))):
+        raise ValueError(f"{state.step_a=} must be finite and > 0 for replicas of different speed")
+    a_ref = float(a.min())
+    base = b + c * state.num_active
+    return a / a_ref, (base - base.min()) / a_ref
+
+
+def kv_window(state: ClusterState, prompt_len: NDArray, *, steps: int = KV_GROWTH_STEPS,
+              proj: NDArray | None = None,
+              growth: NDArray | None = None) -> tuple[NDArray | None, NDArray | None]:
+    """The tick's KV budget window (``room``, ``cost``) or ``(None, None)`` without budgets.
+    BR-0 (``proj`` None) foresees no departure: room_g = B_g − L_g − n_g·T, cost_i = s_i + T
+    (one column, T = ``steps``). BR-H: room_g(h) = B_g − L̂_g(h) on its projection, cost_i(h) =
+    s_i + growth_i(h), h = 0..H."""
+    if state.kv_budget is None:
+        return None, None
+    budget = np.asarray(state.kv_budget, dtype=np.float64)
+    sizes = np.asarray(prompt_len, dtype=np.float64)
+    if proj is None:
+        room = budget - state.loads - state.num_active * float(steps)
+        return room[:, None], (sizes + float(steps))[:, None]
+    return budget[:, None] - proj, sizes[:, None] + growth
+
+
+def replica_extras(state: ClusterState, prompt_len: NDArray, *, steps: int = KV_GROWTH_STEPS,
+                   proj: NDArray | None = None, growth: NDArray | None = None) -> dict:
+    """The keyword arguments of :func:`two_stage_assign` that carry replica speed and KV budgets
+    (``weights``, ``offsets``, ``room``, ``cost``); empty for equal replicas without budgets, so
+    any tick function with the original signature still runs."""
+    extras: dict = {}
+    w, o = step_weights(state)
+    if w is not None:
+        extras.update(weights=w, offsets=o)
+    room, cost = kv_window(state, prompt_len, steps=steps, proj=proj, growth=growth)
+    if room is not None:
+        extras.update(room=room, cost=cost)
+    return extras
 
 
 def stage1_growth_steps(growth_steps: float | None, slots: int) -> float:
@@ -60,14 +123,18 @@ class BR0Policy:
     ``stage1="fit"`` Stage 1 spreads by free slots while the pool holds ≥ G requests) — and
     1..12 the paper's Stage 2 (the best subset of the ``r_max`` best single candidates, the
     freest replica first); ``deadline_s``: pooled requests older than this are
-    placed first (vLLM's NIXL KV lease is 30 s); ``ttft_slo_s``: the soft first-token deadline
-    — a pooled request that has waited w gains the urgency bonus U·w/``ttft_slo_s`` (U: the
-    pool's largest single-request value), so at w = ``ttft_slo_s`` it outranks any request that
+    placed first (the KV lease's deadline, 25 s: ``core/lease.py``); ``ttft_slo_s``: the soft
+    first-token deadline — a pooled request that has waited w gains the urgency bonus U·w/θ (U:
+    the pool's largest single-request value; θ = min(``ttft_slo_s``, twice the pool's median wait):
+    :func:`~balanceroute.core.two_stage.urgency_scale`), so at w = θ it outranks any request that
     merely fits (``papers/ttft.md``); ``None`` turns it off; ``lpt_batches``: a small batch
     placed whole in Stage 1 (fewer than 2G pooled requests, Σ free − |pool| ≥ ``s_greedy``: the
     regime below saturation) goes by LPT — largest prompt first, each to the least-loaded
     replica — when that overflows the current envelope less (``papers/quality.md``; chosen on
-    training slices only). ``tick_fn``: the routine that
+    training slices only). Replicas as they are: with per-replica step
+    coefficients in the state the tick runs in step time (:func:`step_weights`), with KV budgets it
+    never plans a replica's load above its budget within ``kv_growth_steps`` steps of growth
+    (:func:`kv_window`): both off, and the decisions unchanged, without them. ``tick_fn``: the routine that
     decides, with :func:`~balanceroute.core.two_stage.two_stage_assign`'s signature (the
     default; a benchmark injects the literal reference); the simulator's fused loop runs the
     default's kernel only while ``tick_fn`` is the default.
@@ -75,12 +142,13 @@ class BR0Policy:
 
     s_greedy: int = 8
     r_max: int = 0
-    deadline_s: float = KV_LEASE_S
+    deadline_s: float = DEFAULT_LEASE.deadline_s  # the KV lease (core/lease.py): 25 s
     beta_per_replica: float = 3.0
     stage1: str = "fit"
     growth_steps: float | None = None
     ttft_slo_s: float | None = 4.0
     lpt_batches: bool = True
+    kv_growth_steps: int = KV_GROWTH_STEPS
     name: str = "br0"
     tick_fn: Callable[..., Assignment] = field(default=two_stage_assign, repr=False)
 
@@ -88,6 +156,8 @@ class BR0Policy:
         check_tick_params(self)
         if not self.beta_per_replica > 0:
             raise ValueError(f"{self.beta_per_replica=} must be > 0")
+        if int(self.kv_growth_steps) != self.kv_growth_steps or self.kv_growth_steps < 0:
+            raise ValueError(f"{self.kv_growth_steps=} must be an integer >= 0")
 
     def assign(self, state: ClusterState, pool: PoolView) -> Assignment:
         """One BR-0 tick on the current loads."""
@@ -107,6 +177,7 @@ class BR0Policy:
                 self.growth_steps, int((state.free_slots + state.num_active).max())),
             ttft_slo_s=self.ttft_slo_s,
             lpt_batches=self.lpt_batches,
+            **replica_extras(state, pool.prompt_len, steps=self.kv_growth_steps),
         )
 
     def compiled_tick(self, slots: int) -> CompiledTick | None:

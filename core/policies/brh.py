@@ -7,20 +7,23 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..dynamics import KV_LEASE_S
+from ..lease import DEFAULT_LEASE
 from ..model import discounts
 from ..predictors.base import FeatureSource, Predictor, RequestFeatures
 from ..projection import departure_steps, placement_growth, project_loads, projected_cost
 from ..state import Assignment, ClusterState, PoolView
 from ..two_stage import BACKLOG_PER_REPLICA, two_stage_assign
 from ..workloads.base import Workload
-from .br0 import BR0Policy, check_tick_params, stage1_growth_steps
+from .br0 import BR0Policy, check_tick_params, replica_extras, stage1_growth_steps
 
 __all__ = ["DEFAULT_BETA_PER_REPLICA", "DEFAULT_SAFEGUARD", "SHARP_SPREAD", "BRHPolicy"]
 
-DEFAULT_BETA_PER_REPLICA = 2.0
-"""β = 2·G by default: overflowing the projected envelope costs twice the exact marginal (G per
-token-step) — a safety margin against forecast error (training-only sweep, README "Defaults")."""
+DEFAULT_BETA_PER_REPLICA = 3.0
+"""β = 3·G by default — BR-0's own β (``BR0Policy.beta_per_replica``): with H = 0 BR-H's tick *is*
+BR-0's, so the lookahead changes a decision only through what it sees ahead, never through a
+different price of overflow. (It was 2·G, from a sweep on the bundle; at H = 0 that alone made the
+clairvoyant row lose to br0 on workloads outside the bundle: ``papers/quality.md``, "A lookahead
+that departs from BR-0 only by what it sees".)"""
 
 DEFAULT_SAFEGUARD = 0.05
 """The lookahead's plan replaces BR-0's only when it projects ≥ 5 % less discounted imbalance
@@ -57,7 +60,8 @@ class BRHPolicy:
     false ``ready`` (the proxy's :class:`~balanceroute.core.predictors.survival.OnlineSurvival`
     before it has seen enough finished requests) has no backlog window.
     ``features``: maps request ids to features (:meth:`bind` sets it from a workload; ``None``
-    passes only the prompt lengths the state carries). ``beta``: ``None`` means 2·G.
+    passes only the prompt lengths the state carries). ``beta``: ``None`` means 3·G, BR-0's
+    (:data:`DEFAULT_BETA_PER_REPLICA`).
     ``stage1``, ``growth_steps``, ``r_max`` (0: the fill tick), ``ttft_slo_s``, ``lpt_batches``
     (the small-burst check, on the current loads), ``tick_fn``: as for BR-0.
     ``fill_order``: the order in which the fill (``r_max = 0``) serves replicas — ``"level"``
@@ -67,11 +71,12 @@ class BRHPolicy:
     tick parameters and BR-0's own β) and keeps the lookahead's plan only when, on the same
     projection, it lowers the window cost ``J = Σ_h d_h·(w·G·M̂(h) − Σ_g L̂_g(h))`` below
     (1 − ε)·J(BR-0's plan) (:func:`~balanceroute.core.projection.projected_cost`); otherwise BR-0's
-    plan is placed. ``safeguard_weight`` w: 1 (default) judges by the discounted projected
-    imbalance Σ_h d_h·I(h), the objective the exact horizon score is the marginal of; BR-0's
-    β/G = 3 judges by BR-0's own cost over the window, which on the training slices keeps BR-0's
-    plan in all but 0.02 % of the ticks (BR-H then *is* BR-0; ``papers/quality.md``, "BR-H's
-    safeguard"). The lookahead departs from BR-0 only where its own model says it gains clearly;
+    plan is placed. ``safeguard_weight`` w: ``None`` (default) is β/G, this tick's own β — the
+    cost whose marginal the tick's score is, so both plans are judged by the objective the tick
+    maximises (``papers/quality.md``, "A lookahead that departs from BR-0 only by what it sees");
+    1 judges by the discounted projected imbalance Σ_h d_h·I(h) alone, which prefers plans that
+    overflow now for a margin the projection promises later. The lookahead departs from BR-0
+    only where its own model says it gains clearly;
     ``safeguard=None`` turns the safeguard off (the lookahead alone).
     *Backlog window* (``backlog_horizon``, ``backlog_gamma``, ``backlog_beta_per_replica``,
     ``backlog_share``): a tick with a backlog (≥ ``BACKLOG_PER_REPLICA``·G pooled requests, the
@@ -106,11 +111,9 @@ class BRHPolicy:
     ``papers/quality.md``, "A settled backlog"). The tick records when the current backlog began
     (the policy's only state; a clock that runs backwards starts afresh). ``True`` / ``False``
     force it either way.
-    Defaults H = 80, γ = 0.86,
-    β = 2·G come from a training-only multi-workload sweep (README, "Defaults"); with
-    ``horizon=0, alpha=1``, BR-0's β (``beta_per_replica``·G) and ``backlog_horizon=None`` the
-    decisions are exactly BR-0's
-    (with the safeguard on, for the shipped β = 3·G: the fallback is the shipped BR-0).
+    Defaults H = 80, γ = 0.86 come from a training-only multi-workload sweep (README,
+    "Defaults"); β = 3·G is BR-0's, so with ``horizon=0, alpha=1`` and ``backlog_horizon=None``
+    the decisions are exactly BR-0's, with the safeguard on or off.
     """
 
     predictor: Predictor | None = None
@@ -121,7 +124,7 @@ class BRHPolicy:
     beta: float | None = None
     s_greedy: int = 8
     r_max: int = 0
-    deadline_s: float = KV_LEASE_S
+    deadline_s: float = DEFAULT_LEASE.deadline_s  # the KV lease (core/lease.py): 25 s
     gate: float = 0.5
     score: str = "exact"
     stage1: str = "fit"
@@ -130,7 +133,7 @@ class BRHPolicy:
     lpt_batches: bool = True
     fill_order: str = "level"
     safeguard: float | None = DEFAULT_SAFEGUARD
-    safeguard_weight: float = 1.0
+    safeguard_weight: float | None = None
     backlog_horizon: int | None = 160
     backlog_gamma: float = 0.98
     backlog_beta_per_replica: float = 16.0
@@ -149,7 +152,7 @@ class BRHPolicy:
         if not self.alpha > 0:
             raise ValueError(f"{self.alpha=} must be > 0")
         if self.beta is not None and not self.beta > 0:
-            raise ValueError(f"{self.beta=} must be > 0 (or None for 2·G)")
+            raise ValueError(f"{self.beta=} must be > 0 (or None for 3·G)")
         check_tick_params(self)
         if self.score not in ("exact", "paper"):
             raise ValueError(f"{self.score=} must be 'exact' or 'paper'")
@@ -159,8 +162,9 @@ class BRHPolicy:
             raise ValueError(f"{self.fill_order=} must be 'level' or 'margin'")
         if self.safeguard is not None and not 0.0 <= self.safeguard < 1.0:
             raise ValueError(f"{self.safeguard=} must be in [0, 1) (or None: off)")
-        if not (self.safeguard_weight >= 1.0 and np.isfinite(self.safeguard_weight)):
-            raise ValueError(f"{self.safeguard_weight=} must be a finite number >= 1")
+        w = self.safeguard_weight
+        if w is not None and not (w >= 1.0 and np.isfinite(w)):
+            raise ValueError(f"{self.safeguard_weight=} must be a finite number >= 1 (or None: β/G)")
         if self.backlog_horizon is not None:
             if int(self.backlog_horizon) != self.backlog_horizon or self.backlog_horizon < 0:
                 raise ValueError(f"{self.backlog_horizon=} must be an integer >= 0 (or None: off)")
@@ -279,13 +283,15 @@ class BRHPolicy:
             ttft_slo_s=self.ttft_slo_s,
             fill_order=self.fill_order,
             lpt_batches=self.lpt_batches,
+            **replica_extras(state, pool.prompt_len, proj=proj, growth=growth),
         )
         if self.safeguard is None or (backlog and not self.guards_backlog(state.now)):
             return own
         base = self._base.assign(state, pool)
         if np.array_equal(own.pool_index, base.pool_index) and np.array_equal(own.replica, base.replica):
             return own
-        w, s = self.safeguard_weight, pool.prompt_len
+        w = beta / state.num_replicas if self.safeguard_weight is None else self.safeguard_weight
+        s = pool.prompt_len
         j_own = projected_cost(proj, growth, s, own.pool_index, own.replica, d, w)
         j_base = projected_cost(proj, growth, s, base.pool_index, base.replica, d, w)
         return own if j_own < (1.0 - self.safeguard) * j_base else base

@@ -1,7 +1,7 @@
 """The predictor contract of BR-H and the data it is fitted and judged on.
 
 A predictor answers, for requests that have generated ``a_i`` tokens so far, the two numbers of
-the BR-H contract (DESIGN §1):
+the BR-H contract:
 
 * ``p_fin[i] = P(r_i ≤ H | x_i, a_i)``, the probability that the request finishes within the
   next ``H`` steps, where ``r_i = o_i − a_i ≥ 1`` is the number of steps it still runs;

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable
+from dataclasses import replace as _replace
 from pathlib import Path
 from typing import Any
 
@@ -23,19 +24,23 @@ from .base import Workload, WorkloadError
 from .mooncake import load_bundled_mooncake, load_mooncake, prefix_hash
 from .plain import load_plain
 from .servegen import ServeGenPool, load_bundled_servegen, load_servegen
+from .shapes import SHAPES, Shape, generate_shape
 from .transforms import LengthBounds, clip_lengths, filter_lengths, head, scale_rate
 from .vidur import load_vidur
 
 __all__ = [
     "WORKLOADS",
     "LengthBounds",
+    "SHAPES",
     "ServeGenPool",
+    "Shape",
     "Workload",
     "WorkloadError",
     "clip_lengths",
     "detect_format",
     "filter_lengths",
     "generate_azure2024",
+    "generate_shape",
     "head",
     "list_workloads",
     "load_azure2023",
@@ -133,6 +138,21 @@ def _azure_2024_long(
     return _azure2024("azure-2024-long", 1024, requests, rng, bounds, traces=traces, rate=rate)
 
 
+def _shape_loader(name: str) -> Loader:
+    shape = SHAPES[name]
+
+    def load(*, requests: int | None, rng: np.random.Generator, bounds: LengthBounds,
+             rate: float | None = None) -> Workload:
+        if requests is None:
+            raise WorkloadError(f"{name} is a generator: pass requests=N")
+        use = shape if rate is None else _replace(shape, rate=float(rate))
+        return generate_shape(use, requests, rng, name=name, bounds=bounds)
+
+    load.__doc__ = (f"Parametric shape (core/workloads/shapes.py), GENERATED from parameters: "
+                    f"{shape.doc}; arrivals at {shape.rate:g} req/s unless ``rate``.")
+    return load
+
+
 WORKLOADS: dict[str, Loader] = {
     "servegen-r1": _servegen_r1,
     "azure-conv-2023": _azure_conv_2023,
@@ -140,6 +160,7 @@ WORKLOADS: dict[str, Loader] = {
     "mooncake-conv": _mooncake_conv,
     "azure-2024": _azure_2024,
     "azure-2024-long": _azure_2024_long,
+    **{name: _shape_loader(name) for name in SHAPES},
 }
 """Bundled workload names → loaders (``fn(*, requests, rng, bounds, **options)``)."""
 

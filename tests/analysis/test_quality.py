@@ -10,6 +10,8 @@ from balanceroute.analysis.quality import (
     HELD_OUT_SEEDS,
     QUALITY_POLICIES,
     REPLAY_THIN,
+    SHAPE_GROUPS,
+    TRAINING_SEEDS,
     context_lines,
     declare_quality,
     floor_lines,
@@ -65,7 +67,7 @@ def test_context_splits_the_throughput_rule_and_names_bfio_lease_misses():
     assert lines[0].startswith("- Throughput order, saturated cells: 0 of 1 break it; 100.0% of")
     # cell b: of its 3 pairs only (br0, bfio-h0) is ordered unlike imbalance
     assert lines[1].startswith("- Throughput order, open loop cells: 1 of 1 break it; 66.7% of")
-    assert lines[2].endswith("30 s pool deadline): 1 of 2 cells break it")  # cell b: 50 > 45
+    assert lines[2].endswith("25 s pool deadline and first-token guard): 1 of 2 cells break it")  # cell b: 50 > 45
     assert "Of the 1 cells where bfio-h0 beats the best BR row, in 1 it keeps" in lines[3]
     assert "(2.5 % of them; br0 0 % in the same cells)" in lines[3]
     assert "bfio-h0 past lease" in matrix_lines(rows)[0] and "2.5 %" in "".join(matrix_lines(rows))
@@ -148,12 +150,12 @@ def test_one_saturated_and_one_open_loop_cell():
 
 
 def test_the_command_prints_the_matrix_the_rules_and_progress(monkeypatch, capsys):
-    import balanceroute.analysis.quality as quality
+    import balanceroute.analysis.quality_cli as quality  # the command binds declare_quality
     from balanceroute.cli import main
 
     base = dict(experiment="quality", kind="quality", workload="azure-conv-2023", replicas=4,
                 slots=8, requests=400, seed=0, options=(("load", "saturated"),))
-    monkeypatch.setattr(quality, "declare_quality", lambda profile, names: {
+    monkeypatch.setattr(quality, "declare_quality", lambda profile, names, **_: {
         "quality": [Cell(policy=p, **base) for p in names]})
     assert main(["quality", "--policies", "jsq,br0"]) == 0
     out, err = capsys.readouterr()
@@ -244,7 +246,7 @@ def test_powered_lines_judge_each_rule_per_group_of_seeds():
 
 def test_the_forest_plot_draws_every_group(tmp_path):
     pytest.importorskip("matplotlib", reason="the plot extra draws the figure")
-    from balanceroute.analysis.quality import draw_powered
+    from balanceroute.analysis.figures import fig_quality_seeds as draw_powered
 
     rows = []
     for s, f in enumerate([1.0, 1.1, 0.9]):
@@ -271,9 +273,23 @@ def test_held_out_seeds_are_drawn_by_nothing_else():
     full = declare_quality("full", QUALITY_POLICIES)
     matrix = {(c.workload, c.replicas, c.requests, c.option("load")) for c in full["quality"]}
     groups = {(c.workload, c.replicas, c.requests, c.option("load")) for c in full["quality_seeds"]}
-    assert groups == matrix  # every cell shape of the matrix, as a group of 20 draws
-    assert len(groups) == 16 + 48
+    bundle = {g for g in groups if g[0] not in SHAPE_GROUPS}
+    assert bundle == matrix  # every cell shape of the matrix, as a group of 20 draws
+    # plus the parametric shapes: 8 saturated × G 8, 16; 2 open-loop × G × 4 loads
+    assert len(groups - bundle) == 16 + 16 and len(bundle) == 16 + 48
     assert len(full["quality_seeds"]) == len(groups) * 20 * len(QUALITY_POLICIES)
+
+
+def test_training_draws_and_group_filters_choose_the_cells():
+    names = ["jsq", "br0"]
+    train = declare_quality("full", names, draws="training", groups="shapes", max_draws=3)
+    cells = train["quality_seeds"]
+    assert {c.seed for c in cells} == {100, 101, 102} and {c.workload for c in cells} <= set(SHAPE_GROUPS)
+    assert set(TRAINING_SEEDS["full"]).isdisjoint(HELD_OUT_SEEDS["full"])
+    bundle = declare_quality("quick", names, groups="bundle")["quality_seeds"]
+    assert not {c.workload for c in bundle} & set(SHAPE_GROUPS)
+    with pytest.raises(ValueError, match="draws"):
+        declare_quality("quick", names, draws="test")
 
 
 def test_a_thinned_replay_is_a_new_draw_of_the_same_trace():

@@ -24,7 +24,7 @@ from balanceroute.core.predictors import (
 from balanceroute.core.projection import departure_steps, placement_growth, project_loads
 from balanceroute.core.simulator import SimConfig, simulate
 from balanceroute.core.state import ClusterState, PoolView, validate_assignment
-from tests.factories import lognormal_workload
+from tests.factories import lognormal_workload, random_tick
 
 # --- the projection -----------------------------------------------------------------------
 
@@ -213,8 +213,8 @@ def _backlog_tick(n_pool, age):
 
 
 def test_the_backlog_window_applies_on_a_decode_heavy_backlog_only():
-    brh = BRHPolicy(predictor=Oracle())  # short window H = 80, γ = 0.86, β = 2·G = 4
-    long, short = (160, 0.98, 32.0), (80, 0.86, 4.0)
+    brh = BRHPolicy(predictor=Oracle())  # short window H = 80, γ = 0.86, β = 3·G = 6 (BR-0's)
+    long, short = (160, 0.98, 32.0), (80, 0.86, 6.0)
     # 4 pooled = 2·G (a backlog) and decode growth 30 / (100 + 30) = 0.23 >= 0.2: the long window
     assert brh.window(*_backlog_tick(4, 30)) == long
     # growth 20 / 120 = 0.17 < 0.2 (prefill-heavy), or 3 pooled < 2·G (no backlog): the short one
@@ -252,7 +252,7 @@ def test_the_backlog_window_decides_as_that_window_does(data, replicas, safeguar
     grown = state.active_age.sum()
     heavy = grown > 0 and grown >= 0.2 * (state.active_prompt.sum() + grown)
     backlog = len(view) >= 2 * replicas and heavy
-    want = (160, 0.98, 16.0 * replicas) if backlog else (80, 0.86, 2.0 * replicas)
+    want = (160, 0.98, 16.0 * replicas) if backlog else (80, 0.86, 3.0 * replicas)
     assert (h, gamma, beta) == want
     # the Oracle is clairvoyant: on the backlog window's ticks its safeguard stands aside
     fixed = BRHPolicy(predictor=Oracle(), features=table, safeguard=None if backlog else safeguard,
@@ -508,3 +508,17 @@ def test_noise_predictor_does_not_hurt_thanks_to_the_gate():
     assert np.mean(ratios["exact", 0.5]) <= 1.03
     assert np.mean(ratios["exact", 0.0]) <= 1.03
     assert np.mean(throughput) >= 0.99
+
+
+def test_defaults_price_overflow_as_br0_so_h0_is_br0():
+    # BR-H's default β is BR-0's (3·G) and its safeguard weighs by that β: with nothing ahead
+    # (H = 0, no backlog window) every decision is BR-0's, whatever the safeguard
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        state, view = random_tick(rng, replicas=3, pool=8, slots=4)
+        for safeguard in (None, 0.05):
+            brh = BRHPolicy(horizon=0, backlog_horizon=None, safeguard=safeguard)
+            assert brh.beta_for(3) == 3 * BR0Policy().beta_per_replica
+            a, b = brh.assign(state, view), BR0Policy().assign(state, view)
+            assert a.pool_index.tolist() == b.pool_index.tolist()
+            assert a.replica.tolist() == b.replica.tolist()

@@ -296,7 +296,9 @@ def test_best_first_search_picks_what_the_pool_scan_picks(case, data):
             picked = []
             for prune_now in (True, False):
                 cand, cand_f = np.empty(k, np.int64), np.empty(k)
-                _pick_k(prune_now, k, order, count, ub, *args, cand, cand_f)
+                _pick_k(prune_now, k, order, count, ub, *args, cand, cand_f,
+                        (np.ones(g_count), np.ones(g_count), np.zeros((g_count, 0)),
+                         np.zeros((n, 0))))
                 picked.append((cand.tolist(), cand_f.tolist()))
             assert picked[0] == picked[1]
 

@@ -292,7 +292,10 @@ async def test_debug_log_traces_each_request(caplog: pytest.LogCaptureFixture) -
             assert resp.status_code == 200 and events(resp.content)[-1] == "[DONE]"
             assert_drained(proxy)
     rid = resp.headers["x-request-id"]
-    trace = [r.getMessage().removeprefix(rid + ": ") for r in caplog.records if r.getMessage().startswith(rid)]
+    trace = [r.getMessage().removeprefix(rid + ": ") for r in caplog.records
+             if r.levelname == "DEBUG" and r.getMessage().startswith(rid)]
+    failed = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.getMessage().startswith(rid)]
+    assert len(failed) == 1 and "decode replica 0 (http://d0:8000) failed, attempt 1" in failed[0]
     assert trace[0] == "accepted (completions, stream=True)"
     assert [m.split(" after ")[0] for m in trace[1:3]] == ["replica 0", "replica 1"]
     assert trace[1].endswith("(attempt 1)") and trace[2].endswith("(attempt 2)")

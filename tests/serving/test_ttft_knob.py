@@ -22,10 +22,11 @@ from .conftest import mock_proxy, pd_config, running_emulator, running_proxy
 
 def _tick(policy) -> list[int]:
     # replica 1 has one free slot and a 600-token margin; the pool holds a 50-token request that
-    # has waited 3 s and a 550-token one that just arrived
+    # has waited 3 s and a 550-token one that has waited 2 s (the guard's scale θ is the knob or
+    # twice the pool's median wait, 5 s, whichever is shorter)
     state = ClusterState(loads=np.array([1000, 400]), free_slots=np.array([0, 1]),
                          num_active=np.array([4, 3]))
-    pool = PoolView(prompt_len=np.array([50, 550]), wait=np.array([3.0, 0.0]),
+    pool = PoolView(prompt_len=np.array([50, 550]), wait=np.array([3.0, 2.0]),
                     request_ids=np.array([7, 8]))
     return policy.assign(state, pool).pool_index.tolist()
 
@@ -40,8 +41,9 @@ async def test_the_knob_reaches_the_proxy_policy_and_moves_its_choice(knob, plac
     config = pd_config(policy="br0", policy_params={"ttft_slo_s": knob})
     async with mock_proxy(config, _unused) as (_, proxy):
         assert proxy.policy.ttft_slo_s == knob
-        # off, or a deadline far away (u = 550·3/10 = 165 < 550 − 50): balance first, the 550
-        # fits. Past the deadline (u = 550·3/1 = 1650): the old request outranks the fit.
+        # off, or a deadline far away (θ = 5 s: 50 + 550·3/5 = 380 < 550 + 550·2/5 = 770):
+        # balance first, the 550 fits. Past the deadline (θ = 1 s: 50 + 1650 > 550 + 1100): the
+        # old request outranks the fit.
         assert _tick(proxy.policy) == placed
 
 

@@ -406,6 +406,22 @@ class TestTwoServers:
         # a busy machine the eight can arrive one after another, each finding both servers
         # idle): that is the next test's, with the overlap made certain.
 
+    def test_engine_state_reader_reads_whole_servers(self, two_servers: Cluster) -> None:
+        """The engine-state reader on two single-engine servers (each a whole replica): idle,
+        with the KV budget of ``cache_config_info``."""
+        from balanceroute.serving.engine_readers import Target
+        from balanceroute.serving.engine_readers.vllm import VllmMetricsReader
+
+        async def read(url: str) -> list[Any]:
+            async with httpx.AsyncClient() as client:
+                return await VllmMetricsReader(client, url, [Target(0, None)]).read()
+
+        wait_until(two_servers.upstream_idle, "vLLM to be idle")
+        for url in two_servers.upstreams:
+            (sample,) = asyncio.run(read(url))
+            assert (sample.running, sample.waiting, sample.kv_tokens) == (0, 0, 0), sample
+            assert sample.kv_budget is not None and sample.kv_budget >= 16, sample
+
     def test_a_request_sent_beside_a_running_stream_goes_to_the_other_server(
             self, two_servers: Cluster) -> None:
         """A long stream holds one server (placed and generating: its first token has come); a
@@ -454,6 +470,41 @@ class TestTwoServers:
 
 class TestDataParallel:
     """One vLLM server with ``--data-parallel-size 2``: two replicas via X-data-parallel-rank."""
+
+    def test_engine_state_reader_reads_each_rank(self, dp_server: Cluster) -> None:
+        """The engine-state reader (``--engine-state vllm``) on a real DP = 2 server: both ranks'
+        KV budgets (``cache_config_info``), and a stream sent straight to rank 1, past the proxy,
+        shows as running there with KV in use, rank 0 idle."""
+        from balanceroute.serving.engine_readers import Target
+        from balanceroute.serving.engine_readers.vllm import VllmMetricsReader
+
+        url = dp_server.upstreams[0]
+
+        async def read() -> list[Any]:
+            async with httpx.AsyncClient() as client:
+                return await VllmMetricsReader(client, url, [Target(0, 0), Target(1, 1)]).read()
+
+        wait_until(dp_server.upstream_idle, "vLLM to be idle")
+        idle = asyncio.run(read())
+        assert [(s.running, s.waiting, s.kv_tokens) for s in idle] == [(0, 0, 0), (0, 0, 0)], idle
+        assert all(s.kv_budget and s.kv_budget >= 16 for s in idle), idle
+        body = {"model": MODEL, "prompt": PROMPT_IDS, "max_tokens": LONG_STREAM, "ignore_eos": True, "stream": True}
+        with httpx.Client(timeout=120) as http, http.stream(
+                "POST", url + "/v1/completions", json=body, headers={"X-data-parallel-rank": "1"}) as resp:
+            assert resp.status_code == 200
+            lines = resp.iter_lines()
+            for line in lines:
+                if line.startswith("data: {"):
+                    break
+            seen: list[Any] = []
+
+            def busy() -> bool:
+                seen.append(asyncio.run(read()))
+                rank0, rank1 = seen[-1]
+                return rank1.running == 1 and (rank1.kv_tokens or 0) > 0 and rank0.running == 0
+
+            wait_until(busy, "rank 1 to report the stream", describe=lambda: f"last samples {seen[-2:]}")
+        wait_until(dp_server.upstream_idle, "vLLM to drop the stream")
 
     def test_rank_header_selects_the_engine(self, dp_server: Cluster) -> None:
         url = dp_server.upstreams[0]

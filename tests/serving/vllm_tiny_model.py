@@ -1,6 +1,6 @@
 """Build a tiny Llama model directory that vLLM can serve, without downloading anything.
 
-    <vllm venv python> tests/serving/vllm_tiny_model.py OUT_DIR
+    <vllm venv python> tests/serving/vllm_tiny_model.py OUT_DIR [--weights SEED]
 
 writes ``OUT_DIR/{config.json, generation_config.json, tokenizer.json, tokenizer_config.json,
 special_tokens_map.json}``:
@@ -14,6 +14,11 @@ special_tokens_map.json}``:
 * a byte-level BPE tokenizer trained here with ``tokenizers`` on a small generated corpus
   (deterministic: same corpus, same merges), with ``<s>``/``</s>`` and a one-line chat template so
   ``/v1/chat/completions`` works.
+
+With ``--weights SEED`` it also writes ``model.safetensors``: seeded random weights (N(0, σ) per
+matrix, norms 1; ≈ 0.5 M parameters), for a server started *without* ``--load-format dummy``.
+Dummy weights give near-uniform logits, so any KV gives the same tokens; these give sharp,
+prompt-dependent logprobs, so a wrong prefill→decode KV hand-off changes them.
 
 It runs under the vLLM venv's interpreter (``tokenizers`` comes with vLLM) and imports nothing
 from balanceroute, so the test's own environment needs neither.
@@ -100,7 +105,42 @@ def build(out_dir: Path) -> Path:
     return out_dir
 
 
+def write_weights(out_dir: Path, seed: int) -> Path:
+    """Write ``out_dir/model.safetensors``: the Llama of ``config.json`` with N(0, σ) matrices
+    (σ = 1 for the embedding, 0.5 for the output head, 1/√fan_in elsewhere; RMS norms 1) drawn
+    from ``torch.Generator().manual_seed(seed)`` — the same seed gives the same bytes."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = json.loads((out_dir / "config.json").read_text())
+    vocab, hidden, inter = cfg["vocab_size"], cfg["hidden_size"], cfg["intermediate_size"]
+    heads, kv_heads, head_dim = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(rows: int, cols: int, std: float) -> torch.Tensor:
+        return torch.randn(rows, cols, generator=gen, dtype=torch.float32) * std
+
+    tensors = {"model.embed_tokens.weight": normal(vocab, hidden, 1.0),
+               "model.norm.weight": torch.ones(hidden),
+               "lm_head.weight": normal(vocab, hidden, 0.5)}
+    shapes = {"self_attn.q_proj": (heads * head_dim, hidden), "self_attn.k_proj": (kv_heads * head_dim, hidden),
+              "self_attn.v_proj": (kv_heads * head_dim, hidden), "self_attn.o_proj": (hidden, heads * head_dim),
+              "mlp.gate_proj": (inter, hidden), "mlp.up_proj": (inter, hidden), "mlp.down_proj": (hidden, inter)}
+    for layer in range(cfg["num_hidden_layers"]):
+        prefix = f"model.layers.{layer}."
+        for name, (rows, cols) in shapes.items():
+            tensors[prefix + name + ".weight"] = normal(rows, cols, cols ** -0.5)
+        tensors[prefix + "input_layernorm.weight"] = torch.ones(hidden)
+        tensors[prefix + "post_attention_layernorm.weight"] = torch.ones(hidden)
+    path = out_dir / "model.safetensors"
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return path
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} OUT_DIR")
-    print(build(Path(sys.argv[1])))
+    args = sys.argv[1:]
+    if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--weights"):
+        sys.exit(f"usage: {sys.argv[0]} OUT_DIR [--weights SEED]")
+    print(build(Path(args[0])))
+    if len(args) == 3:
+        print(write_weights(Path(args[0]), int(args[2])))
