@@ -320,8 +320,6 @@ def _run_generic(prompt, output, ready, policy, config, progress) -> _Raw:
         eng = ReplicaEngine(prompt, output, g_count, budgets, steps_g,
                             config.recompute_s_per_token)
         loads, n_act = eng.loads, eng.assigned
-        coef = {name: np.array([getattr(m, name) for m in steps_g], dtype=np.float64)
-                for name in ("a", "b", "c")}
         idle_sum, loaded_window, loaded_idle = 0.0, (0.0, 0.0), (0.0, 0.0)
         kv_sum, loaded_kv = 0.0, 0.0  # Σ_k Σ_g L_g(k) on the running KV
     # --- end replicas
@@ -411,7 +409,7 @@ def _run_generic(prompt, output, ready, policy, config, progress) -> _Raw:
                     active_replica=eng.replica[ids], active_prompt=prompt[ids],
                     active_age=eng.age[ids], active_ids=ids,
                     kv_budget=None if budgets is None else budgets.copy(),
-                    step_a=coef["a"].copy(), step_b=coef["b"].copy(), step_c=coef["c"].copy(),
+                    step_a=eng.step_a.copy(), step_b=eng.step_b.copy(), step_c=eng.step_c.copy(),
                 )
             view = PoolView(prompt_len=prompt[pool], wait=now - joined[pool], request_ids=pool.copy())
             decision = policy.assign(state, view)
