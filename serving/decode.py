@@ -6,6 +6,13 @@ dispatcher steers it away from replicas it failed on), up to ``max_attempts``, t
 request that failed on ``outlier.poison_hosts`` replicas is poison and fails alone. A replica is
 charged with a failure only with evidence: at once for a refused connection, otherwise when the
 same request then got its first token elsewhere; the replica that served it is credited.
+
+With a prefill stage, an attempt that reached the decode server is never retried with the same
+KV: the server may have pulled it already, and the prefill server frees pulled (or expired)
+blocks, so the same ``kv_transfer_params`` (or bootstrap room) could name blocks another request
+now owns. Such a request is prefilled again (:class:`KvMaybeSpent`; bounded by
+``max_attempts`` and the poison rule, like any retry, not by the lease's ``max_reprefills``);
+only an attempt that never reached the server (no connection) is retried as it is.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from balanceroute.core.lease import LeaseRule
 
@@ -36,16 +43,28 @@ from .relay import DecodeStream, Event, StreamBroken, has_token
 from .upstream import UpstreamError, UpstreamPool, out_of_resources
 from .upstream_httpx import HttpxUpstream
 
-__all__ = ["DecodeStage"]
+__all__ = ["DecodeStage", "KvMaybeSpent"]
 
 log = logging.getLogger("balanceroute.serving.decode")
 
 
+class KvMaybeSpent(LeaseExpired):
+    """A decode attempt failed after the request reached the decode server, which may have
+    pulled its KV (the prefill server then frees it): the request must be prefilled again, never
+    resent with the same KV. Unlike a missed lease it does not use up ``max_reprefills``
+    (``max_attempts`` bounds it)."""
+
+
 class _Retryable(Exception):
-    def __init__(self, kind: str, message: str, *, connect: bool = False) -> None:
+    """An attempt failed before the first token. ``connect``: charge the replica at once.
+    ``sent``: the request may have reached the decode server (which may then have pulled its
+    KV); ``False`` only when no connection was made."""
+
+    def __init__(self, kind: str, message: str, *, connect: bool = False, sent: bool = True) -> None:
         super().__init__(message)
         self.kind = kind
         self.connect = connect
+        self.sent = sent
 
 
 @dataclass(slots=True, eq=False)
@@ -59,6 +78,12 @@ class DecodeStage:
     members: Membership
     metrics: ProxyMetrics
     observe: Callable[[Ticket, Event], None]
+    #: per live ticket (rid), the replicas it failed on for a reason it may carry, kept across a
+    #: re-prefill so the evidence rules (charge on success elsewhere, poison) see every attempt
+    _suspects: dict[int, list[int]] = field(default_factory=dict)
+    #: per live ticket (rid), how many times it was prefilled again after a decode failure
+    #: (``kv_spent`` on every :class:`LeaseExpired` open raises: the rest were missed leases)
+    _spent: dict[int, int] = field(default_factory=dict)
 
     async def open(self, ticket: Ticket, creq: ClientRequest, prompt_len: int,
                    kv: dict | None, lease: LeaseRule | None = None,
@@ -76,7 +101,8 @@ class DecodeStage:
         body = json.dumps(decode_body(creq.payload, kv), ensure_ascii=False, separators=(",", ":"),
                           allow_nan=False).encode()
         pooled_at = time.monotonic()
-        suspects: list[int] = []  # replicas that failed this request for a reason it may carry
+        # replicas that failed this request for a reason it may carry (before a re-prefill too)
+        suspects: list[int] = self._suspects.pop(ticket.rid, [])
         first = True
         while True:
             try:
@@ -86,6 +112,7 @@ class DecodeStage:
                                        "after prefill, too late to forward within the KV lease")
             except LeaseExpired as exc:
                 if lease is not None:
+                    exc.kv_spent = self._spent.get(ticket.rid, 0)  # type: ignore[attr-defined]
                     raise
                 raise ApiError(503, str(exc), kind="lease_expired", code="kv_lease_expired") from None
             waited = time.monotonic() - pooled_at
@@ -119,6 +146,19 @@ class DecodeStage:
                     raise ApiError(502, public_reason(f"decode failed after {ticket.decode_attempts} "
                                                       "attempt(s)", str(exc)),
                                    kind="decode_failed", code="decode_failed", detail=str(exc)) from None
+                if lease is not None and exc.sent:
+                    # its KV may be pulled and freed on the prefill server: never resend it
+                    for store in (self._suspects, self._spent):
+                        for rid in [r for r in store if r not in self.ledger.tickets]:
+                            del store[rid]  # tickets that ended meanwhile
+                    self._suspects[ticket.rid] = suspects
+                    self._spent[ticket.rid] = spent = self._spent.get(ticket.rid, 0) + 1
+                    err = KvMaybeSpent(f"decode replica {g} failed after the request reached it "
+                                       f"({exc.kind}); its KV may already be freed on the prefill "
+                                       "server, so it is prefilled again, not retried with the "
+                                       "same KV")
+                    err.kv_spent = spent  # type: ignore[attr-defined]
+                    raise err from None
                 self.metrics.retries.labels("decode").inc()
                 self.ledger.requeue(ticket)
                 continue
@@ -154,7 +194,8 @@ class DecodeStage:
             if exc.local:  # the proxy's own descriptors or buffers: nobody else's failure
                 log.warning("%s: decode replica %d not tried: %s", ticket.request_id, g, exc)
                 raise out_of_resources(cfg.retry_after_s) from None
-            raise _Retryable("decode_connect", f"decode {g}: {exc}", connect=exc.connect) from None
+            raise _Retryable("decode_connect", f"decode {g}: {exc}", connect=exc.connect,
+                             sent=not exc.connect) from None
         if response.status != 200:
             try:
                 content = await response.aread()

@@ -36,7 +36,7 @@ from balanceroute.core.policies.base import Policy
 
 from .assemble import Assembler
 from .config import ProxyConfig
-from .decode import DecodeStage
+from .decode import DecodeStage, KvMaybeSpent
 from .dispatch import Dispatcher, LeaseExpired
 from .health import Membership
 from .kv import SglangDialect, get_dialect
@@ -322,15 +322,21 @@ class Proxy:
     def _prefill_again(self, ticket: Ticket, exc: LeaseExpired, repeat: int, lease: Any) -> int:
         """The lease rule's answer to a request not forwarded by ``forward_by_s``: back to
         prefill (the count of prefills so far + 1 returned) while ``max_reprefills`` allows,
-        else 503 ``kv_lease_expired``."""
-        if repeat >= lease.max_reprefills:
+        else 503 ``kv_lease_expired``. A decode attempt that may have spent the KV
+        (:class:`KvMaybeSpent`) is prefilled again without using up ``max_reprefills``: the
+        decode stage bounds it by ``max_attempts``."""
+        spent = isinstance(exc, KvMaybeSpent)  # after a decode failure: max_attempts bounds it
+        if not spent and repeat - getattr(exc, "kv_spent", 0) >= lease.max_reprefills:
             raise ApiError(503, f"{exc}; prefilled {repeat + 1} time(s), the decode replicas "
                            "stayed too busy: retry later", kind="lease_expired",
                            code="kv_lease_expired",
                            headers={"Retry-After": str(self.config.retry_after_s)}) from None
         self.metrics.retries.labels("reprefill").inc()
-        log.info("%s: not forwarded within the KV lease (%.1f s), prefilling again (%d of %d)",
-                 ticket.request_id, lease.forward_by_s, repeat + 1, lease.max_reprefills)
+        if spent:
+            log.info("%s: prefilling again: %s", ticket.request_id, exc)
+        else:
+            log.info("%s: not forwarded within the KV lease (%.1f s), prefilling again (%d of %d)",
+                     ticket.request_id, lease.forward_by_s, repeat + 1, lease.max_reprefills)
         self.dispatcher.reprefill(ticket)
         return repeat + 1
 
