@@ -7,17 +7,19 @@ objects and no per-step allocation. Same dynamics, same floating-point operation
 order, so the per-request outcomes and the metrics are identical to the generic loop's (a test
 checks it).
 
-A policy owns its fast path (:class:`CompiledPolicy`): ``policy.compiled_tick(slots)`` returns a
-:class:`CompiledTick` — which compiled tick, its parameters and its state — or ``None``, and
+A policy owns its fast path through the contract of :mod:`~balanceroute.core.tick_contract`
+(:class:`~balanceroute.core.tick_contract.CompiledPolicy`, which this module re-exports):
+``policy.compiled_tick(slots)`` returns a :class:`~balanceroute.core.tick_contract.CompiledTick`
+— which compiled tick, its parameters and its state — or ``None``, and
 ``policy.restore_tick_state(state)`` takes back the state the run left. This module knows no
-policy class. BR-0 declares the two-stage tick (the very kernel
+policy class, and no policy imports it. BR-0 declares the two-stage tick (the very kernel
 :func:`~balanceroute.core.two_stage.two_stage_assign` runs); the deterministic FIFO baselines
 (JSQ, LeastLoad, RoundRobin) declare the FIFO tick with their key, ranked by the one chooser
-their ``assign`` also calls (:func:`~balanceroute.core._kernels.fifo_choose`), and RoundRobin's
-cursor as state. A subclass that overrides the rule gets no compiled tick (the declarations
-check that ``assign`` is still their class's own). Random and PowerOfTwo (their draws come from
-a ``np.random.Generator``) and BR-H (its predictor is Python) declare none: the generic loop runs
-them.
+their ``assign`` also calls (:func:`~balanceroute.core._tick_kernels.fifo_choose`), and
+RoundRobin's cursor as state. A subclass that overrides the rule gets no compiled tick (the
+declarations check that ``assign`` is still their class's own). Random and PowerOfTwo (their draws
+come from a ``np.random.Generator``) and BR-H (its predictor is Python) declare none: the generic
+loop runs them.
 
 Requests finish through a calendar ring indexed by finish step (one linked list per step), so
 a step costs O(G + finishes + tick), not O(G·B).
@@ -26,8 +28,7 @@ a step costs O(G + finishes + tick), not O(G·B).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -35,56 +36,9 @@ from numpy.typing import NDArray
 from . import _kernels as kern
 from ._jit import HAVE_NUMBA
 from .outcomes import RequestColumns
+from .tick_contract import FIFO, TWO_STAGE, CompiledPolicy, CompiledTick
 
 __all__ = ["FIFO", "TWO_STAGE", "CompiledPolicy", "CompiledTick", "compiled_tick", "run_fused"]
-
-TWO_STAGE, FIFO = kern.TWO_STAGE, kern.FIFO
-
-_NO_INTS = np.zeros(0, dtype=np.int64)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)  # array fields: no ==
-class CompiledTick:
-    """A policy's tick as the fused loop runs it, declared by the policy.
-
-    ``kind``: :data:`TWO_STAGE` (BR-0's tick with ``s_greedy``, ``r_max``, ``deadline_s``, β =
-    ``beta_per_replica``·G, ``fit_stage1``, Stage 1's T = ``growth_steps``, ``ttft_slo_s``,
-    ``lpt_batches``) or
-    :data:`FIFO` (the pool head to the free replica with the smallest ``key``, see
-    :class:`~balanceroute.core.policies.base.FifoPolicy`). ``state``: the policy's integer
-    state (FIFO: ``[cursor]``); the run returns it updated.
-    """
-
-    kind: int
-    key: NDArray[np.int64] = field(default_factory=lambda: _NO_INTS)
-    state: NDArray[np.int64] = field(default_factory=lambda: _NO_INTS)
-    s_greedy: int = 0
-    r_max: int = 1
-    deadline_s: float = float("inf")
-    beta_per_replica: float = 1.0
-    fit_stage1: bool = True
-    growth_steps: float = 0.0
-    ttft_slo_s: float = float("inf")
-    lpt_batches: bool = False
-
-    def __post_init__(self) -> None:
-        if self.kind not in (TWO_STAGE, FIFO):
-            raise ValueError(f"{self.kind=} must be TWO_STAGE or FIFO")
-        if self.kind == FIFO and self.state.shape != (1,):
-            raise ValueError(f"{self.state=} must be [cursor] for the FIFO tick")
-
-
-@runtime_checkable
-class CompiledPolicy(Protocol):
-    """A policy with a compiled tick (found by duck typing, never by class)."""
-
-    def compiled_tick(self, slots: int) -> CompiledTick | None:
-        """The tick for replicas of ``slots`` slots, or ``None`` (then the generic loop runs)."""
-        ...
-
-    def restore_tick_state(self, state: NDArray[np.int64]) -> None:
-        """Take back ``CompiledTick.state`` as a compiled run left it."""
-        ...
 
 
 def compiled_tick(policy: object, slots: int) -> CompiledTick | None:

@@ -11,8 +11,8 @@ window without growing). An optional urgency bonus u_i = U·w_i/θ (U: the large
 single-request value in the pool; θ = :func:`urgency_scale`: ``ttft_slo_s``, or twice the pool's
 median wait when that is shorter) makes waiting part of the decision (``papers/ttft.md``).
 
-The tick runs as one compiled kernel (``_kernels.two_stage_kernel``, numba) that performs the
-floating-point operations of the literal reference (``analysis/reference.py``) in the same
+The tick runs as one compiled kernel (``_tick_kernels.two_stage_kernel``, numba) that performs
+the floating-point operations of the literal reference (``analysis/reference.py``) in the same
 order, so its decisions equal the reference's exactly; with a horizon it finds a replica's best
 single requests by a best-first search over the pool, in the order of each request's
 no-overflow bound α·Σ_h d_h c_i(h) + u_i, and scores (with those operations) only the requests
@@ -32,8 +32,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._jit import HAVE_NUMBA
-from ._kernels import BACKLOG_PER_REPLICA, FILL_LEVELS, FILL_WINDOW, lpt_batch
-from ._kernels import two_stage_kernel as _two_stage_kernel
+from ._tick_kernels import BACKLOG_PER_REPLICA, FILL_LEVELS, FILL_WINDOW, lpt_batch
+from ._tick_kernels import two_stage_kernel as _two_stage_kernel
 from .state import Assignment
 
 __all__ = [
@@ -214,7 +214,7 @@ def two_stage_assign(
     ``lpt_batches`` (on in BR-0 and BR-H; ``papers/quality.md``): when the tick places a small batch
     whole in Stage 1 — fewer than 2G pooled requests and Σ free − P ≥ ``s_greedy`` — it is
     checked against LPT (largest prompt first, each to the least-loaded replica with a free
-    slot; ties: more free slots, lower index; :func:`~balanceroute.core._kernels.lpt_batch`),
+    slot; ties: more free slots, lower index; :func:`~balanceroute.core._tick_kernels.lpt_batch`),
     whose plan replaces it when it overflows the current envelope less: Σ_g (L'_g − max L)_+
     on the current loads L (column h = 0).
 

@@ -7,9 +7,9 @@ from typing import ClassVar, Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from .._kernels import ACTIVE, FIFO, LOAD, TURN, fifo_choose
-from ..fused import CompiledTick
+from .._tick_kernels import ACTIVE, LOAD, TURN, fifo_choose
 from ..state import Assignment, ClusterState, PoolView
+from ..tick_contract import FIFO, CompiledTick
 
 __all__ = ["ACTIVE", "LOAD", "TURN", "FifoPolicy", "Policy"]
 
@@ -39,7 +39,8 @@ class FifoPolicy:
     features it ranks, most significant first (:data:`LOAD` L_g, :data:`ACTIVE` n_g,
     :data:`TURN` (g − ``cursor``) mod G), and ``choose`` takes the lexicographically smallest
     (ties: the lower index) through the one compiled chooser
-    (:func:`~balanceroute.core._kernels.fifo_choose`) that the simulator's fused loop also runs.
+    (:func:`~balanceroute.core._tick_kernels.fifo_choose`) that the simulator's fused loop also
+    runs.
     ``cursor`` is the replica after the last one chosen; it persists across ticks. With KV
     budgets in the state the load a rule sees is L_g − B^KV_g (tokens against capacity, as
     SGLang's DP minimum-tokens rule counts them): with equal budgets the same order as L_g.

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from balanceroute.core import fused, projection, simulator, two_stage
-from balanceroute.core._kernels import (
+from balanceroute.core._tick_kernels import (
     _fill_proposals,
     _largest_contribution,
     _pick_k,
