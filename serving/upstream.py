@@ -67,6 +67,8 @@ class UpstreamPool:
         self._open: dict[tuple[str, str, int], int] = {}
         self._freed: dict[tuple[str, str, int], asyncio.Event] = {}
         self._ssl: ssl.SSLContext | None = None
+        # url -> (pool key, request target, the request head up to Content-Length's value)
+        self._targets: dict[str, tuple[tuple[str, str, int], str, bytes]] = {}
 
     def _closed(self, key: tuple[str, str, int]) -> None:
         self._open[key] -= 1
@@ -150,17 +152,16 @@ class UpstreamPool:
                           connect_timeout: float, read_timeout: float) -> UpstreamResponse:
         """POST ``content`` (JSON) to ``url`` and return once the status line and headers are in;
         a kept-alive connection the server has meanwhile closed is retried once on a new one."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UpstreamError(f"unsupported upstream URL {url!r}")
-        key = (parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        known = self._targets.get(url)
+        if known is None:
+            known = _target(url)
+            if len(self._targets) < 4096:  # the configured replicas' URLs, in practice
+                self._targets[url] = known
+        key, target, head = known
         fields = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        if " " in target or _UNSAFE.search("".join((target, *headers, *headers.values()))) is not None:
+        if _UNSAFE.search("".join((*headers, *headers.values()))) is not None:
             raise UpstreamError("refusing to send a header or target with a control character")
-        request = (f"POST {target} HTTP/1.1\r\nHost: {parts.netloc.rpartition('@')[2]}\r\nAccept: */*\r\n"
-                   f"Accept-Encoding: identity\r\nContent-Type: application/json\r\n"
-                   f"Content-Length: {len(content)}\r\n{fields}\r\n").encode("latin-1") + content
+        request = b"%b%d\r\n%b\r\n%b" % (head, len(content), fields.encode("latin-1"), content)
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
@@ -203,6 +204,21 @@ class UpstreamPool:
             for conn in idle:
                 conn.close()
         self._idle.clear()
+
+
+def _target(url: str) -> tuple[tuple[str, str, int], str, bytes]:
+    """(pool key, request target, the POST's head up to ``Content-Length: ``) of ``url``;
+    :class:`UpstreamError` for an URL the pool cannot call or a target with a control character."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UpstreamError(f"unsupported upstream URL {url!r}")
+    key = (parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    if " " in target or _UNSAFE.search(target) is not None:
+        raise UpstreamError("refusing to send a header or target with a control character")
+    head = (f"POST {target} HTTP/1.1\r\nHost: {parts.netloc.rpartition('@')[2]}\r\nAccept: */*\r\n"
+            f"Accept-Encoding: identity\r\nContent-Type: application/json\r\nContent-Length: ")
+    return key, target, head.encode("latin-1")
 
 
 class _Stale(Exception):

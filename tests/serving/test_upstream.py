@@ -196,3 +196,52 @@ async def test_read_timeout_connect_refusal_and_mid_body_close_raise_upstream_er
     with pytest.raises(UpstreamError, match="unsupported"):
         await pool.post_stream("ftp://x/y", b"{}", {}, connect_timeout=5, read_timeout=5)
     await pool.aclose()
+
+
+@pytest.mark.parametrize("size", [1, 9, 255, 4095, 4096, 70000])
+def test_a_whole_chunk_is_found_at_every_size_and_only_in_the_servers_form(size: int) -> None:
+    """One whole chunk is taken as it is (payload offset after the size line) on both sides of
+    the precomputed size lines; upper-case hex, a leading zero, a short or a long payload go to
+    the general decoder (-1), which decodes the same bytes."""
+    payload = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    wire = b"%x\r\n%b\r\n" % (size, payload)
+    start = ChunkedDecoder().whole_chunk(wire)
+    assert start == wire.index(b"\r\n") + 2 and wire[start:-2] == payload
+    for other in (b"%X\r\n%b\r\n" % (size, payload) if b"%X" % size != b"%x" % size else None, b"0" + wire, wire[:-3] + b"\r\n",
+                  b"%x\r\n%bz\r\n" % (size, payload)):
+        if other is not None:
+            assert ChunkedDecoder().whole_chunk(other) == -1
+    decoder = ChunkedDecoder()
+    assert decoder.feed(wire) == payload
+    assert decoder.whole_chunk(wire[:5]) == -1 or len(wire) <= 5  # a decoder mid-chunk never matches
+
+
+async def test_each_request_is_sent_as_its_own_head_on_a_reused_connection() -> None:
+    """The request head built once per URL: the target with its query, Host, the content length
+    and the headers of each request, byte for byte, on two requests down one connection."""
+    heads: list[bytes] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+            heads.append(head + await reader.readexactly(length))
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+    pool = UpstreamPool()
+    async with scripted_server(record) as (url, seen):
+        for body, rid in ((b'{"a":1}', "r1"), (b'{"bb":22}', "r-2")):
+            resp = await pool.post_stream(url + "/v1/completions?x=1", body, {"X-Request-Id": rid},
+                                          connect_timeout=5, read_timeout=5)
+            assert await resp.aread() == b"ok"
+            await resp.aclose()
+        assert seen["connections"] == 1
+    host = url.removeprefix("http://")
+    assert heads == [(f"POST /v1/completions?x=1 HTTP/1.1\r\nHost: {host}\r\nAccept: */*\r\nAccept-Encoding: "
+                      f"identity\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                      f"X-Request-Id: {rid}\r\n\r\n").encode() + body
+                     for body, rid in ((b'{"a":1}', "r1"), (b'{"bb":22}', "r-2"))]
+    with pytest.raises(UpstreamError, match="control character"):
+        await pool.post_stream(url + "/v1/\x01", b"{}", {}, connect_timeout=5, read_timeout=5)
+    await pool.aclose()
