@@ -33,12 +33,12 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import replace
 from functools import lru_cache
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
 from balanceroute.core.dynamics import KV_LEASE_S
+from balanceroute.core.guard import t_quantile
 from balanceroute.core.lease import DEFAULT_LEASE
 
 from .sweep import Cell
@@ -496,20 +496,6 @@ def seed_lines(cells: dict[tuple, dict[str, dict]]) -> list[str]:
         where = "saturated" if load == "saturated" else f"{float(load):g}×"
         out.append(f"| {w} G={g} n={n:,} {where}, {len(runs)} seeds | " + " | ".join(vals) + " |")
     return out + [""]
-
-
-def t_quantile(p: float, df: int) -> float:
-    """Student's t quantile ``t_p(df)`` from the normal one by its Cornish–Fisher expansion
-    (Abramowitz & Stegun 26.7.5): at p = 0.975 within 3e-4 of the exact value for df ≥ 5 and
-    1e-4 for df ≥ 9 (no SciPy needed; a test checks table values)."""
-    if df < 1 or not 0.5 <= p < 1:
-        raise ValueError(f"{df=} must be >= 1 and {p=} in [0.5, 1)")
-    z = NormalDist().inv_cdf(p)
-    g = ((z**3 + z) / 4,
-         (5 * z**5 + 16 * z**3 + 3 * z) / 96,
-         (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
-         (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160)
-    return z + sum(gk / df ** (k + 1) for k, gk in enumerate(g))
 
 
 def paired_interval(ratios: Iterable[float], level: float = 0.95) -> tuple[float, float, float]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..guard import BR0_ARM, GuardLedger, OnlineGuard
 from ..lease import DEFAULT_LEASE
 from ..model import discounts
 from ..predictors.base import FeatureSource, Predictor, RequestFeatures
@@ -111,6 +112,11 @@ class BRHPolicy:
     ``papers/quality.md``, "A settled backlog"). The tick records when the current backlog began
     (the policy's only state; a clock that runs backwards starts afresh). ``True`` / ``False``
     force it either way.
+    ``guard``: an :class:`~balanceroute.core.guard.OnlineGuard` (``True``: its default
+    constants) lets BR-0 decide every tick unless the lookahead has *proved*, on the realised
+    imbalance of paired blocks of steps, that it does better; unproved it decides at most one
+    block in ``probe_every`` and ``max_probes`` blocks in all (``papers/guard.md``). ``None``
+    (default): no guard, the decisions as before.
     Defaults H = 80, γ = 0.86 come from a training-only multi-workload sweep (README,
     "Defaults"); β = 3·G is BR-0's, so with ``horizon=0, alpha=1`` and ``backlog_horizon=None``
     the decisions are exactly BR-0's, with the safeguard on or off.
@@ -140,10 +146,12 @@ class BRHPolicy:
     backlog_share: float = 0.2
     backlog_safeguard: bool | None = None
     backlog_settle_s: float | None = 45.0
+    guard: OnlineGuard | None = None
     name: str = "brh"
     tick_fn: Callable[..., Assignment] = field(default=two_stage_assign, repr=False)
     _base: BR0Policy = field(init=False, repr=False, compare=False)
     _since: float | None = field(default=None, init=False, repr=False, compare=False)
+    _guard: GuardLedger | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if int(self.horizon) != self.horizon or self.horizon < 0:
@@ -179,6 +187,13 @@ class BRHPolicy:
         settle = self.backlog_settle_s
         if settle is not None and not (settle >= 0 and np.isfinite(settle)):
             raise ValueError(f"{self.backlog_settle_s=} must be a finite number >= 0 (or None)")
+        if self.guard is True:  # ``--policy-param guard=true``: the default constants
+            self.guard = OnlineGuard()
+        elif self.guard is False:
+            self.guard = None
+        if self.guard is not None and not isinstance(self.guard, OnlineGuard):
+            raise ValueError(f"{self.guard=} must be an OnlineGuard, true or false (or None: off)")
+        self._guard = None if self.guard is None else GuardLedger(self.guard)
         self._base = BR0Policy(s_greedy=self.s_greedy, r_max=self.r_max, deadline_s=self.deadline_s,
                                stage1=self.stage1, growth_steps=self.growth_steps,
                                ttft_slo_s=self.ttft_slo_s, lpt_batches=self.lpt_batches,
@@ -253,10 +268,31 @@ class BRHPolicy:
 
     def assign(self, state: ClusterState, pool: PoolView) -> Assignment:
         """One BR-H tick: forecast, project L̂ (G, H+1), run the two-stage tick on it; with the
-        safeguard, place BR-0's plan unless this one projects clearly less imbalance."""
+        safeguard, place BR-0's plan unless this one projects clearly less imbalance. With the
+        online ``guard`` (:mod:`~balanceroute.core.guard`) the guard's arm decides the tick —
+        BR-0's tick or this one — and the guard records the loads the step runs on."""
         backlog = self.track_backlog(state, pool)
         if len(pool) == 0 or not state.free_slots.any():
             return Assignment()
+        if self._guard is None:
+            return self._lookahead(state, pool, backlog)
+        if self._guard.arm(state.step) == BR0_ARM:
+            out = self._base.assign(state, pool)
+        else:
+            out = self._lookahead(state, pool, backlog)
+        g = state.num_replicas
+        placed = np.bincount(out.replica, weights=pool.prompt_len[out.pool_index], minlength=g)
+        self._guard.observe(state.step, state.loads + placed,
+                            state.num_active + np.bincount(out.replica, minlength=g))
+        return out
+
+    @property
+    def guard_record(self) -> GuardLedger | None:
+        """The online guard's record of the current run (``None`` without a guard)."""
+        return self._guard
+
+    def _lookahead(self, state: ClusterState, pool: PoolView, backlog: bool) -> Assignment:
+        """The lookahead's own tick (with its safeguard); ``backlog``: :meth:`track_backlog`."""
         h, gamma, beta = self.window(state, pool, backlog)
         dep_act, dep_pool = self.forecast(state, pool, h)
         proj = project_loads(
