@@ -5,8 +5,12 @@ Two experiments, one cell per (workload, scenario, policy, seed), judged over dr
 * ``replicas_budget`` — long-context workloads (azure-2024-long, mooncake-conv), saturated, G = 8,
   B = 64, every replica's KV budget a fraction (0.6 / 0.8 / 0.9) of BR-0's *unconstrained peak
   demand* on the same draw (max over steps and replicas of L_g(k) in a run without a budget).
-  The engines queue and preempt as vLLM's do (:mod:`balanceroute.core.replica_engine`); the
-  table reports preemptions, imbalance, loaded throughput, TTFT and lease failures per policy.
+  The engines queue and preempt as vLLM's do (:mod:`balanceroute.core.replica_engine`); every
+  output stops at the longest output of the draw's training half (its ``max_tokens``), which
+  the policies are told (``SimConfig.output_cap``): BR-0 and BR-H then plan until every request
+  has ended (never a preemption), ``br0-window`` is BR-0 with the 256-step window instead. The
+  table reports preemptions, imbalance, loaded throughput, TTFT, lease failures and the requests
+  that cannot fit a replica even alone (s + o − 1 > B) per policy.
 * ``replicas_speed`` — G = 8 with two replicas 1.5× slower (b, a, c all × 1.5) and with a ±30 %
   spread (each replica's factor uniform in [0.7, 1.3], drawn from the seed): step-time idle at
   the barrier, loaded throughput. ``br0-tokens`` is BR-0 with the coefficients hidden (the
@@ -39,27 +43,34 @@ BUDGET_WORKLOADS = ("azure-2024-long", "mooncake-conv")
 BUDGET_FRACTIONS = (0.6, 0.8, 0.9)
 SPEED_SCENARIOS = ("two-slow", "spread")
 BASELINES = ("random", "round_robin", "power_of_two", "jsq", "least_load")
-BR_ROWS = ("br0", "brh-survival")
+BR_ROWS = ("br0", "brh-survival", "br0-p90", "br0-window")
 METRICS = ("preemptions", "recomputed_tokens", "mean_imbalance", "step_idle_fraction",
            "mean_step_idle_ms", "throughput_loaded_tok_s", "ttft_s_p50", "ttft_s_p99",
            "kv_lease_failed", "kv_lease_reprefilled", "replica_wait_mean_steps")
-BUDGET_METRICS = ("kv_utilization",)
+PLAN_QUANTILE = 0.9
+"""``br0-p90`` plans as if every output stopped at this quantile of the training half's."""
+BUDGET_METRICS = ("kv_utilization", "kv_oversize", "preemptions_oversize")
 
 
 def declare_replicas(profile: str, available: list[str], *, code: str = "") -> dict[str, list[Cell]]:
-    """The two experiments' cells (``quick``: one seed, small draws, fewer rows — under 30 s)."""
-    have = set(available) | {"br0-tokens"}
+    """The two experiments' cells (``quick``: one seed, small draws, fewer rows — the budget
+    experiment ≈ 25 s of CPU)."""
+    have = set(available) | {"br0-tokens", "br0-window", "br0-p90"}
     if profile == "quick":
         seeds, requests, fractions = HELD_OUT_SEEDS["quick"][:1], 800, (0.8,)
         policies = ("least_load", "br0")
+        window = ()
         speed_workloads = ("azure-2024-long",)
     else:
         seeds, requests, fractions = HELD_OUT_SEEDS["full"], 3_000, BUDGET_FRACTIONS
-        policies = (*BASELINES, *BR_ROWS)
+        policies = (*BASELINES, "br0", "brh-survival")
+        window = ("br0-p90", "br0-window")
         speed_workloads = ("azure-2024-long",)
 
     def rows_at(f: float) -> tuple[str, ...]:  # every row at 0.8; the peer rows elsewhere
-        return policies if f == 0.8 or profile == "quick" else ("jsq", "least_load", "br0")
+        if f == 0.8 or profile == "quick":
+            return (*policies, *window)
+        return ("jsq", "least_load", "br0", *window)
 
     budget = [
         Cell(experiment="replicas_budget", kind="replicas", workload=w, policy=p, requests=requests,
@@ -109,6 +120,11 @@ def _policy(name: str, train, test, seed: int):
 
     if name == "br0-tokens":
         return _TokenBR0()
+    if name == "br0-window":  # the 256-step window even though the output cap is known
+        return BR0Policy(kv_until_end=False, name="br0-window")
+    if name == "br0-p90":  # plans as if outputs stopped at the training half's P90
+        return BR0Policy(kv_plan_output=int(np.quantile(train.output_len, PLAN_QUANTILE)),
+                         name="br0-p90")
     policy = build_policy(name, {}, train=train, test=test, seed=seed)
     assert name != "br0" or isinstance(policy, BR0Policy)
     return policy
@@ -143,9 +159,10 @@ def run_replicas_cell(cell: Cell) -> list[dict[str, Any]]:
         peak = unconstrained_peak(cell.workload, int(cell.requests or 3_000), cell.seed, thin,
                                   cell.replicas, cell.slots)
         budget = int(float(cell.option("budget")) * peak)
-        extra = {"peak_demand": peak, "kv_budget": budget}
+        cap = int(train.output_len.max())  # max_tokens: the longest output of the training half
+        extra = {"peak_demand": peak, "kv_budget": budget, "output_cap": cap}
         config = SimConfig(num_replicas=cell.replicas, slots=cell.slots, kv_budget=budget,
-                           check_assignments=False)
+                           output_cap=cap, check_assignments=False)
     else:
         config = SimConfig(num_replicas=cell.replicas, slots=cell.slots, check_assignments=False,
                            replica_steps=speed_models(str(cell.option("speed")), cell.seed,
@@ -174,6 +191,12 @@ def _judge(ratios: list[float], bound: float) -> str:
     return f"{g * bound:.3f} ({lo * bound:.3f}–{hi * bound:.3f}) {verdict(lo, hi)}"
 
 
+def _ratio(ratios: list[float]) -> str:
+    """A paired ratio's geometric mean and 95 % interval, no rule."""
+    g, lo, hi = paired_interval(ratios)
+    return f"{g:.3f} (1 draw)" if math.isnan(lo) else f"{g:.3f} ({lo:.3f}–{hi:.3f})"
+
+
 def replicas_lines(rows: list[dict]) -> list[str]:
     """The tables of both experiments: per group the mean of every policy's metrics over the
     draws and the acceptance rules as paired ratios (geometric mean, 95 % interval, verdict)."""
@@ -186,7 +209,8 @@ def replicas_lines(rows: list[dict]) -> list[str]:
         if exp == "replicas_budget":
             out += ["", "KV budgets (fraction of BR-0's unconstrained peak demand), saturated, G = 8:",
                     "", "| workload | budget | policy | preemptions | imbalance | throughput tok/s "
-                    "| TTFT P99 s | lease failed | draws |", "|---|---|---|---|---|---|---|---|---|"]
+                    "| TTFT P99 s | lease failed | oversize | draws |",
+                    "|---|---|---|---|---|---|---|---|---|---|"]
         else:
             out += ["", "Replica speed, saturated, G = 8:", "",
                     "| workload | replicas | policy | step idle | throughput tok/s | TTFT P99 s "
@@ -202,7 +226,9 @@ def replicas_lines(rows: list[dict]) -> list[str]:
                 if exp == "replicas_budget":
                     out.append(f"| {key[1]} | {float(key[2]):g} | {p} | {mean['preemptions']:.1f} "
                                f"| {mean['mean_imbalance']:,.0f} | {mean['throughput_loaded_tok_s']:,.0f} "
-                               f"| {mean['ttft_s_p99']:.1f} | {mean['kv_lease_failed']:.1f} | {len(rs)} |")
+                               f"| {mean['ttft_s_p99']:.1f} | {mean['kv_lease_failed']:.1f} "
+                               f"| {np.mean([float(r.get('kv_oversize') or 0) for r in rs]):.1f} "
+                               f"| {len(rs)} |")
                 else:
                     out.append(f"| {key[1]} | {key[2]} | {p} | {mean['step_idle_fraction']:.3f} "
                                f"| {mean['throughput_loaded_tok_s']:,.0f} | {mean['ttft_s_p99']:.1f} "
@@ -218,10 +244,14 @@ def replicas_lines(rows: list[dict]) -> list[str]:
                     pre = [float(r[br]["preemptions"]) for r in runs]
                     base_pre = [min(float(r[b]["preemptions"]) for b in BASELINES if b in r)
                                 for r in runs]
+                    thr = [float(r[br]["throughput_loaded_tok_s"])
+                           / max(float(r[b]["throughput_loaded_tok_s"]) for b in BASELINES if b in r)
+                           for r in runs]
                     rules.append(f"- {key[1]} at {float(key[2]):g}: {br} imbalance / best "
                                  f"baseline's {_judge(imb, 0.5)} (rule ≤ 0.5); preemptions "
                                  f"{sum(pre):.0f} over {len(runs)} draws ({sum(x == 0 for x in pre)} "
-                                 f"draws with none; fewest of a baseline: {sum(base_pre):.0f})")
+                                 f"draws with none; fewest of a baseline: {sum(base_pre):.0f}); "
+                                 f"loaded throughput / best baseline's {_ratio(thr)}")
                 else:
                     thr = [float(r[br]["throughput_loaded_tok_s"]) for r in runs]
                     tok = [float(r["br0-tokens"]["throughput_loaded_tok_s"]) for r in runs

@@ -38,9 +38,11 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from ._jit import HAVE_NUMBA, njit
 from .dynamics import StepModel
 
-__all__ = ["RECOMPUTE_S_PER_TOKEN", "EngineStep", "ReplicaEngine"]
+__all__ = ["RECOMPUTE_S_PER_TOKEN", "CompiledReplicaEngine", "EngineStep", "ReplicaEngine",
+           "engine_class"]
 
 RECOMPUTE_S_PER_TOKEN = 5.0e-5
 """Seconds a replica spends per token it recomputes after a preemption (a local prefill at
@@ -91,6 +93,7 @@ class ReplicaEngine:
         self.loads = np.zeros(num_replicas, dtype=np.int64)  # router view: every routed request
         self.assigned = np.zeros(num_replicas, dtype=np.int64)
         self.preemptions = 0
+        self.preemptions_oversize = 0  # on a replica running a request that cannot fit alone
         self.recomputed_tokens = 0
         self.waiting_steps = 0  # Σ over steps of requests waiting at a replica
 
@@ -125,6 +128,8 @@ class ReplicaEngine:
             self.needs_recompute[rid] = True
             waiting.appendleft(rid)
             self.preemptions += 1
+            if any(self.prompt[r] + self.output[r] - 1 > cap for r in (*running, rid)):
+                self.preemptions_oversize += 1
             preempted = True
         recompute = 0
         if preempted:
@@ -183,3 +188,176 @@ class ReplicaEngine:
                           imbalance=self.g_count * envelope - total, tau=tau,
                           time_idle=float(self.g_count * tau - tau_g.sum()),
                           active=int(running.shape[0]), started=started, finished=done)
+
+
+# ----------------------------------------------------------------------------- compiled path
+
+
+@njit
+def _engine_step(prompt, output, age, replica, is_running, has_run, needs_rec, run_ids, run_len,
+                 wait_buf, wait_head, wait_len, run_load, n_run, loads, assigned, budget,
+                 has_budget, step_b, step_a, step_c, recompute_cost, counters, tau_g, started,
+                 finished, out):  # pragma: no cover - compiled; equal to ReplicaEngine.step (tested)
+    g_count = run_load.shape[0]
+    width = wait_buf.shape[1]
+    recompute = np.zeros(g_count)
+    any_recompute = False
+    for g in range(g_count):
+        if not (wait_len[g] > 0 or (has_budget and run_load[g] > budget[g])):
+            continue
+        preempted = False
+        if has_budget:
+            cap = budget[g]
+            while run_load[g] > cap and run_len[g] > 1:  # preempt the newest running request
+                run_len[g] -= 1
+                rid = run_ids[g, run_len[g]]
+                run_load[g] -= prompt[rid] + age[rid]
+                n_run[g] -= 1
+                is_running[rid] = False
+                needs_rec[rid] = True
+                wait_head[g] = (wait_head[g] - 1) % width
+                wait_buf[g, wait_head[g]] = rid
+                wait_len[g] += 1
+                counters[0] += 1
+                over = prompt[rid] + output[rid] - 1 > cap
+                for j in range(run_len[g]):
+                    r = run_ids[g, j]
+                    if prompt[r] + output[r] - 1 > cap:
+                        over = True
+                if over:
+                    counters[1] += 1
+                preempted = True
+        if preempted:
+            continue
+        rc = 0
+        while wait_len[g] > 0:  # admit in order while the next one fits
+            rid = wait_buf[g, wait_head[g]]
+            need = prompt[rid] + age[rid]
+            if has_budget and run_len[g] > 0 and run_load[g] + need > budget[g]:
+                break
+            wait_head[g] = (wait_head[g] + 1) % width
+            wait_len[g] -= 1
+            run_ids[g, run_len[g]] = rid
+            run_len[g] += 1
+            run_load[g] += need
+            n_run[g] += 1
+            is_running[rid] = True
+            if needs_rec[rid]:
+                needs_rec[rid] = False
+                rc += need
+        recompute[g] = rc
+        if rc != 0:
+            any_recompute = True
+    for g in range(g_count):
+        counters[2] += np.int64(recompute[g])
+        counters[3] += wait_len[g]
+    envelope = run_load[0]
+    total = 0
+    for g in range(g_count):
+        envelope = max(envelope, run_load[g])
+        total += run_load[g]
+        tau_g[g] = step_b[g] + (step_a[g] * run_load[g] + step_c[g] * n_run[g])
+    if any_recompute:
+        for g in range(g_count):
+            tau_g[g] = tau_g[g] + recompute_cost * recompute[g]
+    n_started = 0
+    active = 0
+    for rid in range(prompt.shape[0]):
+        if is_running[rid]:
+            active += 1
+            if not has_run[rid]:
+                started[n_started] = rid
+                n_started += 1
+                has_run[rid] = True
+            age[rid] += 1
+    for g in range(g_count):
+        run_load[g] += n_run[g]
+        loads[g] += n_run[g]
+    n_done = 0
+    for rid in range(prompt.shape[0]):
+        if is_running[rid] and age[rid] >= output[rid]:
+            finished[n_done] = rid
+            n_done += 1
+    for k in range(n_done):
+        rid = finished[k]
+        g = replica[rid]
+        kv = prompt[rid] + output[rid]
+        run_load[g] -= kv
+        loads[g] -= kv
+        n_run[g] -= 1
+        assigned[g] -= 1
+        is_running[rid] = False
+        j = 0
+        for i in range(run_len[g]):  # remove it, keeping the admission order
+            if run_ids[g, i] != rid:
+                run_ids[g, j] = run_ids[g, i]
+                j += 1
+        run_len[g] = j
+        replica[rid] = -1
+    out[0], out[1], out[2], out[3], out[4] = n_started, n_done, active, envelope, total
+
+
+class CompiledReplicaEngine(ReplicaEngine):
+    """:class:`ReplicaEngine` with its step compiled (numba): the same queues, preemptions and
+    step times, decision for decision (tested against the Python engine), in arrays — per replica
+    a ring buffer for the waiting queue and the running requests in admission order, at most
+    ``slots`` each (a replica never holds more routed requests than slots)."""
+
+    def __init__(self, prompt: NDArray[np.int64], output: NDArray[np.int64], num_replicas: int,
+                 budget: NDArray[np.int64] | None, steps: tuple[StepModel, ...],
+                 recompute_s_per_token: float = RECOMPUTE_S_PER_TOKEN,
+                 slots: int | None = None) -> None:
+        super().__init__(prompt, output, num_replicas, budget, steps, recompute_s_per_token)
+        n = prompt.shape[0]
+        width = max(1, min(n, n if slots is None else int(slots)))
+        self._prompt = np.ascontiguousarray(prompt, dtype=np.int64)
+        self._output = np.ascontiguousarray(output, dtype=np.int64)
+        self._run_ids = np.zeros((num_replicas, width), dtype=np.int64)
+        self._run_len = np.zeros(num_replicas, dtype=np.int64)
+        self._wait_buf = np.zeros((num_replicas, width), dtype=np.int64)
+        self._wait_head = np.zeros(num_replicas, dtype=np.int64)
+        self._wait_len = np.zeros(num_replicas, dtype=np.int64)
+        self._budget = (np.zeros(num_replicas, dtype=np.int64) if budget is None
+                        else np.ascontiguousarray(budget, dtype=np.int64))
+        self._counters = np.zeros(4, dtype=np.int64)
+        self._tau_g = np.zeros(num_replicas, dtype=np.float64)
+        self._started = np.zeros(n, dtype=np.int64)
+        self._finished = np.zeros(n, dtype=np.int64)
+        self._out = np.zeros(5, dtype=np.int64)
+
+    def route(self, rids: NDArray[np.int64], replicas: NDArray[np.int64]) -> None:
+        """The tick routed ``rids`` to ``replicas``: each joins its replica's waiting queue."""
+        width = self._wait_buf.shape[1]
+        for rid, g in zip(rids.tolist(), replicas.tolist()):
+            if self._wait_len[g] == width:
+                raise ValueError(f"replica {g} holds more than {width} routed requests")
+            self._wait_buf[g, (self._wait_head[g] + self._wait_len[g]) % width] = rid
+            self._wait_len[g] += 1
+            self.replica[rid] = g
+        np.add.at(self.loads, replicas, self.prompt[rids])
+        self.assigned += np.bincount(replicas, minlength=self.g_count)
+
+    def step(self) -> EngineStep:
+        """:meth:`ReplicaEngine.step`, compiled."""
+        out = self._out
+        _engine_step(self._prompt, self._output, self.age, self.replica, self.is_running,
+                     self.has_run, self.needs_recompute, self._run_ids, self._run_len,
+                     self._wait_buf, self._wait_head, self._wait_len, self.run_load, self.n_run,
+                     self.loads, self.assigned, self._budget, self.budget is not None,
+                     self.step_b, self.step_a, self.step_c, self.recompute_cost, self._counters,
+                     self._tau_g, self._started, self._finished, out)
+        self.preemptions, self.preemptions_oversize, self.recomputed_tokens, self.waiting_steps = (
+            int(x) for x in self._counters)
+        tau_g = self._tau_g
+        tau = float(tau_g.max())
+        envelope, total = int(out[3]), int(out[4])
+        return EngineStep(envelope=envelope, total=total,
+                          imbalance=self.g_count * envelope - total, tau=tau,
+                          time_idle=float(self.g_count * tau - tau_g.sum()), active=int(out[2]),
+                          started=self._started[:out[0]].copy(),
+                          finished=self._finished[:out[1]].copy())
+
+
+def engine_class() -> type[ReplicaEngine]:
+    """The engine the simulator runs: the compiled one where numba is, else the Python one."""
+    return CompiledReplicaEngine if HAVE_NUMBA else ReplicaEngine

@@ -28,7 +28,7 @@ from .fused import compiled_tick, run_fused
 from .lease import DEFAULT_LEASE, LeaseRule
 from .outcomes import RequestColumns
 from .policies.base import Policy
-from .replica_engine import RECOMPUTE_S_PER_TOKEN, ReplicaEngine
+from .replica_engine import RECOMPUTE_S_PER_TOKEN, CompiledReplicaEngine, engine_class
 from .state import ClusterState, PoolView, validate_assignment
 from .workloads.base import Workload
 
@@ -57,6 +57,9 @@ class SimConfig:
     τ = max_g τ_g — and the policy sees the budgets and coefficients in its
     :class:`ClusterState`; metrics ``preemptions``, ``recomputed_tokens``,
     ``replica_wait_mean_steps``, ``step_idle_fraction`` and ``mean_step_idle_ms`` are added.
+    ``output_cap``: every request's ``max_tokens`` — outputs longer than this stop at it — told to
+    the policy (``ClusterState.output_cap``), so that a budget-aware policy can plan until every
+    request has ended; ``None``: outputs as the workload has them, no cap told.
     """
 
     num_replicas: int = 8
@@ -70,6 +73,7 @@ class SimConfig:
     kv_budget: int | tuple[int, ...] | None = None
     replica_steps: tuple[StepModel, ...] | None = None
     recompute_s_per_token: float = RECOMPUTE_S_PER_TOKEN
+    output_cap: int | None = None
     record_series: bool = False
     check_assignments: bool = True
     max_steps: int = 100_000_000
@@ -97,6 +101,9 @@ class SimConfig:
                              f"({self.num_replicas})")
         if not (self.recompute_s_per_token >= 0 and np.isfinite(self.recompute_s_per_token)):
             raise ValueError(f"{self.recompute_s_per_token=} must be a finite number >= 0")
+        if self.output_cap is not None and not (int(self.output_cap) == self.output_cap
+                                                and self.output_cap >= 1):
+            raise ValueError(f"{self.output_cap=} must be an integer >= 1 (or None)")
 
     @property
     def engine_model(self) -> bool:
@@ -222,6 +229,8 @@ def simulate(
         raise ValueError(f"{engine=} must be 'auto', 'fused' or 'generic'")
     prompt = np.ascontiguousarray(workload.prompt_len, dtype=np.int64)
     output = np.ascontiguousarray(workload.output_len, dtype=np.int64)
+    if config.output_cap is not None:  # max_tokens: longer outputs stop at the cap
+        output = np.minimum(output, int(config.output_cap))
     saturated = config.mode == "saturated"
     if saturated:
         ready = np.full(n, np.nan)
@@ -317,8 +326,11 @@ def _run_generic(prompt, output, ready, policy, config, progress) -> _Raw:
     if config.engine_model:
         steps_g = config.steps_per_replica()
         budgets = config.budgets()
-        eng = ReplicaEngine(prompt, output, g_count, budgets, steps_g,
-                            config.recompute_s_per_token)
+        engine = engine_class()
+        eng = (CompiledReplicaEngine(prompt, output, g_count, budgets, steps_g,
+                                     config.recompute_s_per_token, slots=b_slots)
+               if engine is CompiledReplicaEngine else
+               engine(prompt, output, g_count, budgets, steps_g, config.recompute_s_per_token))
         loads, n_act = eng.loads, eng.assigned
         idle_sum, loaded_window, loaded_idle = 0.0, (0.0, 0.0), (0.0, 0.0)
         kv_sum, loaded_kv = 0.0, 0.0  # Σ_k Σ_g L_g(k) on the running KV
@@ -410,6 +422,7 @@ def _run_generic(prompt, output, ready, policy, config, progress) -> _Raw:
                     active_age=eng.age[ids], active_ids=ids,
                     kv_budget=None if budgets is None else budgets.copy(),
                     step_a=eng.step_a.copy(), step_b=eng.step_b.copy(), step_c=eng.step_c.copy(),
+                    output_cap=config.output_cap,
                 )
             view = PoolView(prompt_len=prompt[pool], wait=now - joined[pool], request_ids=pool.copy())
             decision = policy.assign(state, view)
@@ -521,12 +534,14 @@ def _run_generic(prompt, output, ready, policy, config, progress) -> _Raw:
         loaded_window=None if eng is None else loaded_window,
         engine_metrics=None if eng is None else {
             "preemptions": float(eng.preemptions),
+            "preemptions_oversize": float(eng.preemptions_oversize),
             "recomputed_tokens": float(eng.recomputed_tokens),
             "replica_wait_mean_steps": eng.waiting_steps / n,
             "step_idle_fraction": loaded_idle[0] / loaded_idle[1] if loaded_idle[1] else 0.0,
             "mean_step_idle_ms": 1e3 * loaded_idle[0] / (g_count * max(loaded[2], 1)),
             **({} if budgets is None else {  # share of the cluster's KV budget in use
-                "kv_utilization": loaded_kv / (max(loaded[2], 1) * float(budgets.sum()))}),
+                "kv_utilization": loaded_kv / (max(loaded[2], 1) * float(budgets.sum())),
+                "kv_oversize": float(np.sum(prompt + output - 1 > budgets.max()))}),
         },
     )
 

@@ -29,7 +29,11 @@ class ClusterState:
     Optional, ``None`` meaning today's model exactly: ``kv_budget[g]`` is replica g's KV token
     budget B^KV_g (a replica admits request i only while L_g + s_i, plus its projected growth,
     stays within it); ``step_a``, ``step_b``, ``step_c`` are per-replica step-time coefficients,
-    τ_g = b_g + a_g·L_g + c_g·n_g, the barrier step being max_g τ_g.
+    τ_g = b_g + a_g·L_g + c_g·n_g, the barrier step being max_g τ_g. ``output_cap``: the most
+    output tokens any request may generate (its ``max_tokens``); with budgets, the budget-aware
+    policies then admit a request only while the replica's load stays within its budget until every
+    request there has ended, whatever their outputs up to the cap (``core/policies/br0.py``,
+    :func:`~balanceroute.core.policies.br0.kv_until_end`).
     """
 
     loads: NDArray[np.int64]
@@ -45,6 +49,7 @@ class ClusterState:
     step_a: NDArray[np.float64] | None = None
     step_b: NDArray[np.float64] | None = None
     step_c: NDArray[np.float64] | None = None
+    output_cap: int | None = None
 
     @property
     def num_replicas(self) -> int:

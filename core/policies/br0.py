@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from ..fused import TWO_STAGE, CompiledTick
 from ..lease import DEFAULT_LEASE
 from ..state import Assignment, ClusterState, PoolView
+from ..tick_contract import TWO_STAGE, CompiledTick
 from ..two_stage import two_stage_assign
 
-__all__ = ["GROWTH_TOKENS", "KV_GROWTH_STEPS", "BR0Policy", "check_tick_params", "kv_window",
-           "replica_extras", "stage1_growth_steps", "step_weights"]
+__all__ = ["GROWTH_TOKENS", "KV_GROWTH_STEPS", "KV_MAX_COLUMNS", "BR0Policy", "check_tick_params",
+           "kv_until_end", "kv_window", "replica_extras", "stage1_growth_steps", "step_weights"]
 
 _ONE = np.ones(1, dtype=np.float64)
 
@@ -54,14 +54,19 @@ def step_weights(state: ClusterState) -> tuple[NDArray | None, NDArray | None]:
 
 
 def kv_window(state: ClusterState, prompt_len: NDArray, *, steps: int = KV_GROWTH_STEPS,
-              proj: NDArray | None = None,
-              growth: NDArray | None = None) -> tuple[NDArray | None, NDArray | None]:
+              proj: NDArray | None = None, growth: NDArray | None = None,
+              until_end: bool = True,
+              plan: int | None = None) -> tuple[NDArray | None, NDArray | None]:
     """The tick's KV budget window (``room``, ``cost``) or ``(None, None)`` without budgets.
     BR-0 (``proj`` None) foresees no departure: room_g = B_g − L_g − n_g·T, cost_i = s_i + T
     (one column, T = ``steps``). BR-H: room_g(h) = B_g − L̂_g(h) on its projection, cost_i(h) =
-    s_i + growth_i(h), h = 0..H."""
+    s_i + growth_i(h), h = 0..H. With ``state.output_cap`` known and ``until_end``, either way the
+    window that holds until every request there has ended (:func:`kv_until_end`, with its
+    ``plan``): never a preemption."""
     if state.kv_budget is None:
         return None, None
+    if until_end and state.output_cap is not None:  # outputs bounded: plan until every end
+        return kv_until_end(state, prompt_len, plan=plan)
     budget = np.asarray(state.kv_budget, dtype=np.float64)
     sizes = np.asarray(prompt_len, dtype=np.float64)
     if proj is None:
@@ -70,8 +75,69 @@ def kv_window(state: ClusterState, prompt_len: NDArray, *, steps: int = KV_GROWT
     return budget[:, None] - proj, sizes[:, None] + growth
 
 
+KV_MAX_COLUMNS = 64
+"""At most this many checkpoints in :func:`kv_until_end`'s window (more departures than this are
+merged into intervals, each checked at its worst point: still safe, slightly conservative)."""
+
+
+def kv_until_end(state: ClusterState, prompt_len: NDArray, *, plan: int | None = None,
+                 max_columns: int = KV_MAX_COLUMNS) -> tuple[NDArray, NDArray]:
+    """The KV window that holds until every request on a replica has ended (``room`` (G, K),
+    ``cost`` (P, K)), when no output exceeds ``state.output_cap`` = c.
+
+    A request of prompt s and age a holds s + a + t KV tokens t steps from now while it runs, and
+    runs at most until a + t = c − 1 (d = c − 1 − a); a pooled request placed now holds s + t
+    until t = c − 1. Whatever the outputs (≤ c), replica g's load t steps ahead is therefore at
+    most P_g(t) = Σ_{i on g, d_i ≥ t} (s_i + a_i + t), plus s_j + t for each request j placed now.
+    Between two departures this bound grows linearly, so its maximum lies at a departure d_i, at
+    t = 0 or at t = c − 1: the columns are those points, room_g(t) = B_g − P_g(t) and
+    cost_j(t) = s_j + t, and a set Q fits g iff Σ_{j∈Q} (s_j + t) ≤ room_g(t) at every column — the
+    load never passes the budget, so the engine never preempts, by construction. With more than
+    ``max_columns`` points, consecutive ones are merged into intervals [t_lo, t_hi] checked at
+    their worst (everyone present at t_lo, each at its size at min(t_hi, d_i); new requests at
+    t_hi). A request that could not fit even alone (s_j + c − 1 > max_g B_g) costs max_g B_g in
+    every column after t = 0: it fits only a replica with nothing running past this step and
+    nothing else planned (it runs alone; the engine never preempts a lone request), and nothing
+    joins it while it runs.
+
+    ``plan`` (p < c): plan as if every request younger than p stopped by p tokens (a request
+    already older is planned to c): no longer a guarantee — an output longer than p can overflow
+    the budget — but far less held back when c is much longer than most outputs."""
+    cap = int(state.output_cap)
+    if cap < 1:
+        raise ValueError(f"{state.output_cap=} must be >= 1")
+    p = cap if plan is None else min(int(plan), cap)
+    if p < 1:
+        raise ValueError(f"{plan=} must be >= 1")
+    budget = np.asarray(state.kv_budget, dtype=np.float64)
+    sizes = np.asarray(prompt_len, dtype=np.float64)
+    reps = np.asarray(state.active_replica, dtype=np.int64)
+    held = (np.asarray(state.active_prompt, dtype=np.float64)
+            + np.asarray(state.active_age, dtype=np.float64))
+    age = np.asarray(state.active_age, dtype=np.int64)
+    last = np.maximum(np.where(age < p, p, cap) - 1 - age, 0)  # d_i
+    points = np.unique(np.concatenate([[0, p - 1], last]))
+    if points.shape[0] > max_columns:  # merge into intervals [lo, hi]
+        edges = np.unique(np.linspace(0, points.shape[0] - 1, max_columns).round().astype(np.int64))
+        hi = points[edges]
+        lo = np.concatenate([[0], hi[:-1] + 1])
+    else:
+        lo = hi = points
+    size = held[:, None] + np.minimum(hi[None, :], last[:, None])  # (N, K)
+    size[last[:, None] < lo[None, :]] = 0.0  # gone before the interval starts
+    onehot = np.zeros((state.num_replicas, reps.shape[0]))
+    onehot[reps, np.arange(reps.shape[0])] = 1.0
+    proj = onehot @ size
+    cost = sizes[:, None] + np.minimum(hi, p - 1)[None, :].astype(np.float64)
+    cost[:, lo > p - 1] = 0.0  # (a plan shorter than the cap: gone by then)
+    big = sizes + (p - 1) > budget.max()
+    cost[big, 1:] = budget.max()  # (a prompt above every budget never fits, at t = 0)
+    return budget[:, None] - proj, cost
+
+
 def replica_extras(state: ClusterState, prompt_len: NDArray, *, steps: int = KV_GROWTH_STEPS,
-                   proj: NDArray | None = None, growth: NDArray | None = None) -> dict:
+                   proj: NDArray | None = None, growth: NDArray | None = None,
+                   until_end: bool = True, plan: int | None = None) -> dict:
     """The keyword arguments of :func:`two_stage_assign` that carry replica speed and KV budgets
     (``weights``, ``offsets``, ``room``, ``cost``); empty for equal replicas without budgets, so
     any tick function with the original signature still runs."""
@@ -79,7 +145,8 @@ def replica_extras(state: ClusterState, prompt_len: NDArray, *, steps: int = KV_
     w, o = step_weights(state)
     if w is not None:
         extras.update(weights=w, offsets=o)
-    room, cost = kv_window(state, prompt_len, steps=steps, proj=proj, growth=growth)
+    room, cost = kv_window(state, prompt_len, steps=steps, proj=proj, growth=growth,
+                           until_end=until_end, plan=plan)
     if room is not None:
         extras.update(room=room, cost=cost)
     return extras
@@ -134,7 +201,11 @@ class BR0Policy:
     training slices only). Replicas as they are: with per-replica step
     coefficients in the state the tick runs in step time (:func:`step_weights`), with KV budgets it
     never plans a replica's load above its budget within ``kv_growth_steps`` steps of growth
-    (:func:`kv_window`): both off, and the decisions unchanged, without them. ``tick_fn``: the routine that
+    (:func:`kv_window`) or, when the state carries the requests' output cap and
+    ``kv_until_end`` (default), until every request on the replica has ended
+    (:func:`kv_until_end`: never a preemption; ``kv_plan_output``: plan as if outputs stopped
+    there — fewer held back, no longer a guarantee): all off, and the decisions unchanged,
+    without them. ``tick_fn``: the routine that
     decides, with :func:`~balanceroute.core.two_stage.two_stage_assign`'s signature (the
     default; a benchmark injects the literal reference); the simulator's fused loop runs the
     default's kernel only while ``tick_fn`` is the default.
@@ -149,6 +220,8 @@ class BR0Policy:
     ttft_slo_s: float | None = 4.0
     lpt_batches: bool = True
     kv_growth_steps: int = KV_GROWTH_STEPS
+    kv_until_end: bool = True
+    kv_plan_output: int | None = None
     name: str = "br0"
     tick_fn: Callable[..., Assignment] = field(default=two_stage_assign, repr=False)
 
@@ -158,6 +231,11 @@ class BR0Policy:
             raise ValueError(f"{self.beta_per_replica=} must be > 0")
         if int(self.kv_growth_steps) != self.kv_growth_steps or self.kv_growth_steps < 0:
             raise ValueError(f"{self.kv_growth_steps=} must be an integer >= 0")
+        if not isinstance(self.kv_until_end, (bool, np.bool_)):
+            raise ValueError(f"{self.kv_until_end=} must be true or false")
+        if self.kv_plan_output is not None and not (
+                int(self.kv_plan_output) == self.kv_plan_output and self.kv_plan_output >= 1):
+            raise ValueError(f"{self.kv_plan_output=} must be an integer >= 1 (or None: the cap)")
 
     def assign(self, state: ClusterState, pool: PoolView) -> Assignment:
         """One BR-0 tick on the current loads."""
@@ -177,7 +255,8 @@ class BR0Policy:
                 self.growth_steps, int((state.free_slots + state.num_active).max())),
             ttft_slo_s=self.ttft_slo_s,
             lpt_batches=self.lpt_batches,
-            **replica_extras(state, pool.prompt_len, steps=self.kv_growth_steps),
+            **replica_extras(state, pool.prompt_len, steps=self.kv_growth_steps,
+                             until_end=self.kv_until_end, plan=self.kv_plan_output),
         )
 
     def compiled_tick(self, slots: int) -> CompiledTick | None:
