@@ -159,7 +159,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run only these experiments (table1, table1_calibrated, scaling, "
                         "step_model, slots, tick_timing, balls_into_bins, tick_gap, "
                         "clairvoyant_gap, competitive_ratio, quality, quality_seeds, ttft_pareto, "
-                        "ttft_open_loop); the report still covers every CSV present")
+                        "ttft_open_loop, replicas_budget, replicas_speed); the report still covers every CSV present")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: redraw the figures and REPORT.md from <out>/data/*.csv")
     add_quiet_arg(p)
