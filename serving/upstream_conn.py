@@ -113,6 +113,11 @@ class UpstreamConnection(asyncio.Protocol):
         idle = self.loop.time() - self.last_rx
         if self.push is None and (self._waiter is None or self._waiter.done()):
             self._timer = None
+        elif self.paused and self.push is not None:
+            # push mode's back-pressure: the proxy stopped reading because the client reads
+            # slower than decode writes. The upstream's silence is ours, not a stall (a client
+            # that never reads meets the write-stall timeout); the wait restarts on resume.
+            self._timer = self.loop.call_later(self._timeout, self._on_timer)
         elif idle >= self._timeout:
             self._timer = None
             exc = UpstreamError(f"no data from upstream for {self._timeout:g} s (read timeout)")
@@ -265,6 +270,7 @@ class UpstreamResponse:
         transport = self._conn.transport
         if self._conn.paused and transport is not None and not transport.is_closing():
             self._conn.paused = False
+            self._conn.last_rx = self._conn.loop.time()  # the read timeout counts from here
             transport.resume_reading()
 
     def pushed(self, data: bytes) -> None:

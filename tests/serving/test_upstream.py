@@ -245,3 +245,65 @@ async def test_each_request_is_sent_as_its_own_head_on_a_reused_connection() -> 
     with pytest.raises(UpstreamError, match="control character"):
         await pool.post_stream(url + "/v1/\x01", b"{}", {}, connect_timeout=5, read_timeout=5)
     await pool.aclose()
+
+
+class _Sink:
+    """A push-mode body sink that records what it got."""
+
+    def __init__(self) -> None:
+        self.body, self.ended, self.error = b"", asyncio.Event(), None
+
+    def on_body(self, data: bytes) -> None:
+        self.body += data
+
+    def on_end(self) -> None:
+        self.ended.set()
+
+    def on_error(self, exc: UpstreamError) -> None:
+        self.error = exc
+        self.ended.set()
+
+
+async def test_a_read_paused_for_a_slow_client_is_not_an_upstream_stall() -> None:
+    """In push mode the relay stops reading decode while the client is slower (back-pressure);
+    that silence is the proxy's own and must not end the stream as "no data from upstream" (it
+    once cut a healthy 60,000-token vLLM stream and charged the replica). Once reading resumes,
+    a really silent upstream still meets the read timeout."""
+    go, then_stall = asyncio.Event(), asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(chunked_head() + encode_chunked([b"data: 1\n\n"])[:-5])
+        await writer.drain()
+        await go.wait()
+        writer.write(encode_chunked([b"data: 2\n\n"])[:-5])
+        await writer.drain()
+        await then_stall.wait()
+        await reader.read()
+
+    timeout = 0.2
+    pool = UpstreamPool()
+    async with scripted_server(handler) as (url, _):
+        resp = await pool.post_stream(url, b"{}", {}, connect_timeout=5, read_timeout=timeout)
+        sink = _Sink()
+        resp.attach(sink)
+        for _ in range(200):  # bounded: the first event arrives
+            if sink.body:
+                break
+            await asyncio.sleep(0.01)
+        assert sink.body == b"data: 1\n\n"
+        resp.pause()  # the client is slower than decode
+        await asyncio.sleep(4 * timeout)  # paused this long: still no stall
+        assert sink.error is None and not sink.ended.is_set()
+        go.set()
+        resp.resume()
+        for _ in range(500):
+            if sink.body.endswith(b"data: 2\n\n"):
+                break
+            await asyncio.sleep(0.01)
+        assert sink.body == b"data: 1\n\ndata: 2\n\n" and sink.error is None
+        await asyncio.wait_for(sink.ended.wait(), 30)  # reading, and the upstream is silent
+        assert isinstance(sink.error, UpstreamError) and "read timeout" in str(sink.error)
+        then_stall.set()
+        await resp.aclose()
+    await pool.aclose()
