@@ -28,3 +28,11 @@ def test_property_tests_draw_the_same_examples_on_every_run(request: pytest.Fixt
     first, second = _draws(), _draws()
     assert len(first) >= 20
     assert first == second
+
+
+def test_no_property_test_depends_on_wall_clock_speed() -> None:
+    """Hypothesis's default 200 ms per-example deadline fails a correct test on a busy machine
+    (or on the first call, which compiles): both profiles turn it off."""
+    assert settings().deadline is None
+    for name in ("fixed", "explore"):
+        assert settings.get_profile(name).deadline is None

@@ -31,6 +31,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -189,6 +190,28 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0,
             raise AssertionError(f"timed out waiting for {what}"
                                  + (f" ({describe()})" if describe is not None else ""))
         time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def draining(lines: Iterator[str]) -> Iterator[None]:
+    """Read a held stream on a thread while the block runs — a client that keeps up, so the
+    proxy's write-stall timeout (a client that reads nothing) cannot end it — then stop reading;
+    the caller hangs up."""
+    stop = threading.Event()
+
+    def run() -> None:
+        with contextlib.suppress(Exception):  # the caller closed the stream
+            for _ in lines:
+                if stop.is_set():
+                    return
+
+    reader = threading.Thread(target=run, daemon=True)
+    reader.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        reader.join(timeout=60)  # returns at the stream's next line
 
 
 @dataclass
@@ -441,29 +464,30 @@ class TestTwoServers:
             for line in lines:
                 if line.startswith("data: {"):  # the first token
                     break
-            seen: list[list[float]] = []
+            with draining(lines):  # a client that keeps up: nothing else may end the stream
+                seen: list[list[float]] = []
 
-            def one_runs_it() -> bool:
-                seen.append(running())
-                return sorted(seen[-1]) == [0.0, 1.0]
+                def one_runs_it() -> bool:
+                    seen.append(running())
+                    return sorted(seen[-1]) == [0.0, 1.0]
 
-            wait_until(one_runs_it, "one server to run the stream",
-                       describe=lambda: f"requests running per server, last scrapes: {seen[-3:]}")
-            held = seen[-1].index(1.0)
+                wait_until(one_runs_it, "one server to run the stream",
+                           describe=lambda: f"requests running per server, last scrapes: {seen[-3:]}")
+                held = seen[-1].index(1.0)
 
-            def finished() -> list[float]:
-                return [metric(scrape(u), "vllm:request_success_total") for u in two_servers.upstreams]
+                def finished() -> list[float]:
+                    return [metric(scrape(u), "vllm:request_success_total") for u in two_servers.upstreams]
 
-            before = finished()
-            assert _request(two_servers, "completions", False, None, 7).usage.completion_tokens == 7
-            wait_until(lambda: sum(finished()) >= sum(before) + 1, "vLLM to count the request")
-            after = finished()
-            assert running()[held] == 1.0, (
-                f"the premise failed: the {LONG_STREAM:,}-token stream ended before the second "
-                "request was placed; proxy log:\n" + _tail(two_servers.proxy_log))
-            assert after[1 - held] - before[1 - held] == 1, (
-                f"the request did not go to the idle server {1 - held}; finished before {before}, "
-                f"after {after}; proxy log:\n" + _tail(two_servers.proxy_log))
+                before = finished()
+                assert _request(two_servers, "completions", False, None, 7).usage.completion_tokens == 7
+                wait_until(lambda: sum(finished()) >= sum(before) + 1, "vLLM to count the request")
+                after = finished()
+                assert running()[held] == 1.0, (
+                    f"the premise failed: the {LONG_STREAM:,}-token stream ended before the second "
+                    "request was placed; proxy log:\n" + _tail(two_servers.proxy_log))
+                assert after[1 - held] - before[1 - held] == 1, (
+                    f"the request did not go to the idle server {1 - held}; finished before {before}, "
+                    f"after {after}; proxy log:\n" + _tail(two_servers.proxy_log))
         wait_until(two_servers.upstream_idle, "vLLM to drop the stream")
         wait_until(two_servers.proxy_idle, "the proxy's ledger to drain")
 
