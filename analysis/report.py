@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from balanceroute.core.dynamics import StepModel
+from balanceroute.core.lease import DEFAULT_LEASE
 from balanceroute.core.policies.br0 import BR0Policy
 from balanceroute.core.simulator import SimConfig
 
@@ -30,7 +31,9 @@ _DEADLINE_S = BR0Policy().deadline_s
 
 EXPERIMENTS = ("table1", "table1_calibrated", "scaling", "step_model", "slots", "tick_timing", "tick_gap",
                "clairvoyant_gap", "competitive_ratio", "balls_into_bins", "quality", "quality_seeds", "ttft_pareto",
-               "ttft_open_loop")
+               "ttft_open_loop", "replicas_budget", "replicas_speed")
+"""Every experiment whose CSV the report reads (and whose provenance it states): each grid
+:func:`.experiments.declare` builds, plus the optimality experiments and ``balls_into_bins``."""
 
 LABEL = {
     "random": "Random", "round_robin": "Round-robin", "power_of_two": "Power-of-two",
@@ -289,7 +292,9 @@ def _section_table1(rows: list[dict], ctx: ReportContext, figures: dict[str, str
     if tail:
         summary_lines.append(
             "Pool-wait tail: BR-0 places the requests that fit the margins first, so some requests "
-            "wait until the pool deadline (30 s, the NIXL KV lease) forces them in — TTFT P99 "
+            f"wait until the pool deadline ({_f(DEFAULT_LEASE.deadline_s, 0)} s: the "
+            f"{_f(DEFAULT_LEASE.lease_s, 0)} s NIXL KV lease less its transfer margin and "
+            "priority window) forces them in — TTFT P99 "
             + ", ".join(f"{_f(b, 1)} s vs {_f(j, 1)} s for JSQ on {w}" for w, b, j, _, _ in tail)
             + ", while the mean pool wait is about the same ("
             + ", ".join(f"{_f(bm, 2)} s vs {_f(jm, 2)} s" for _, _, _, bm, jm in tail)
