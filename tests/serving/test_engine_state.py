@@ -169,7 +169,7 @@ def _engine_loads(emu) -> list[int]:
 def test_readers_on_the_emulator(source: str) -> None:
     with running_emulator(layout="dp", time_scale=1.0) as emu:
         httpx.post(emu.decode_urls[0] + "/inject", json={"replica": 2, "prompt": 700, "output": 10**6,
-                                                         "count": 2}).raise_for_status()
+                                                         "count": 2}, timeout=60).raise_for_status()
         wait_until(lambda: _engine_loads(emu)[2] >= 1400, what="the injected load")
         kind = VllmMetricsReader if source == "vllm" else SglangLoadsReader
 
@@ -192,7 +192,7 @@ def test_restarted_proxy_starts_from_the_engines_loads() -> None:
     with running_emulator(time_scale=1.0) as emu:
         for g, (count, prompt) in busy.items():
             httpx.post(emu.decode_urls[g] + "/inject", json={"replica": g, "prompt": prompt, "output": 10**6,
-                                                             "count": count}).raise_for_status()
+                                                             "count": count}, timeout=60).raise_for_status()
         wait_until(lambda: _engine_loads(emu)[0] >= 6000, what="the busy group")
         mapping = {**emu.proxy_mapping(), "engine_state": "vllm", "engine_poll_interval_s": 0.5,
                    "policy": "least_load"}
@@ -214,7 +214,7 @@ def test_restarted_proxy_starts_from_the_engines_loads() -> None:
             assert resp.status_code == 200
             assert proxy.ledger.finished["ok"] == 1
             placed = [p["completed"] for p in emu.stats()["per_replica"]]
-            text = httpx.get(url + "/metrics").text
+            text = httpx.get(url + "/metrics", timeout=60).text
             assert re.search(r'balanceroute_replica_foreign_kv_load_tokens\{replica="0"\} [1-9]', text), text
             assert 'balanceroute_engine_reads_total{result="ok",server="0",source="vllm"}' in text
             status = proxy.status()
