@@ -64,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bootstrap-port", type=int, help="Mooncake bootstrap port on prefill hosts (8998)")
     p.add_argument("--pool-capacity", type=int, help="max requests waiting for decode (429 beyond)")
     p.add_argument("--kv-lease", type=float, dest="kv_lease_s", help="KV lease in seconds (30)")
-    p.add_argument("--tick-interval", type=float, dest="tick_interval_s", help="periodic tick (0.05 s)")
+    p.add_argument("--tick-interval", type=float, dest="tick_interval_s", help="periodic tick while a request is pooled (0.05 s)")
     p.add_argument("--max-attempts", type=int, help="upstream attempts before 502 (3)")
     p.add_argument("--health-interval", type=float, dest="health_interval_s",
                    help="health probe period in seconds; 0 disables (2)")

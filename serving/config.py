@@ -245,7 +245,11 @@ class ProxyConfig:
     it is prefilled again, up to ``max_reprefills`` times, then answered 503
     ``kv_lease_expired``. The policy's ``deadline_s`` defaults to ``kv_lease_s −
     lease_margin_s`` (the shortest lease's) so such requests are dispatched first.
-    The tick runs on every pool arrival and slot release and every ``tick_interval_s``.
+    The tick runs on every pool arrival (a prefilled request, a retry put back) and slot release,
+    and every ``tick_interval_s`` while a request is pooled; with an empty pool no timer is armed.
+    ``health_interval_s`` (0: no probes) also keeps the event-loop lag sampled; with probes off it
+    is sampled only while a request is in flight, so an idle proxy arms no periodic timer (with
+    ``engine_state`` off).
 
     Secure defaults: no credential goes upstream unless an upstream names its ``api_key_env``
     (``upstream_api_key_env`` names one for every upstream that has none); ``/status`` and

@@ -1,4 +1,13 @@
-"""The scheduling loop: runs the policy's tick on pool arrivals, slot releases and a timer.
+"""The scheduling loop: runs the policy's tick on pool arrivals, slot releases and, while a
+request is pooled, a timer.
+
+The period (``tick_interval_s``) runs only while the pool is non-empty: a pooled request may
+reach the end of its lease, or be held by the policy, with nothing else happening. With an empty
+pool a periodic tick has nothing to decide, so the loop waits for a wake-up without arming a
+timer (an idle proxy spends no CPU on it); every way into the pool wakes it — the ledger's
+``on_pool`` hook (:meth:`Ledger.enqueue`, :meth:`Ledger.requeue`) — as do slot releases and
+changes of the replicas in service. While a request is pooled the ticks and their timing are
+what they would be with the timer always armed.
 
 The tick is synchronous numpy (build state → ``policy.assign`` → apply) and runs inline on the
 event loop; its duration is recorded so ``/status`` and ``/metrics`` show that it stays far
@@ -65,6 +74,7 @@ class Dispatcher:
         self._last_error_log = -float("inf")
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        ledger.on_pool = self.wake  # a request entering the pool (enqueue, requeue) is ticked
 
     def start(self) -> None:
         """Start the tick loop on the running event loop."""
@@ -182,11 +192,13 @@ class Dispatcher:
         # with the event being set, and the loop would never stop.
         loop = asyncio.get_running_loop()
         while True:
-            timer = loop.call_later(self.tick_interval_s, self._wake.set)
+            # the period only while a request is pooled; an empty pool waits for a wake-up
+            timer = loop.call_later(self.tick_interval_s, self._wake.set) if self.ledger.pool else None
             try:
                 await self._wake.wait()
             finally:
-                timer.cancel()
+                if timer is not None:
+                    timer.cancel()
             self._wake.clear()
             try:
                 self.tick()

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 
 import httpx
 
@@ -40,26 +41,57 @@ log = logging.getLogger("balanceroute.serving.health")
 
 class LoopLag:
     """How late the event loop runs a timer: every ``interval_s`` a sleep's overshoot is
-    sampled (kept for ``keep_s``). :meth:`max_since` is what a probe result is judged against."""
+    sampled (kept for ``keep_s``). :meth:`max_since` is what a probe result is judged against.
 
-    def __init__(self, interval_s: float = 0.05, keep_s: float = 60.0) -> None:
+    It samples only while ``wanted()`` is true (default: always); otherwise it is *parked* —
+    no timer, no sample, :attr:`last` 0 — until :meth:`wake`. The proxy wants it while a request
+    is in flight, a probe round runs or probes are on (:class:`Membership`): the only times a
+    timeout is judged against it. The first sample after a wake-up is how late the woken sampler
+    ran, and :meth:`max_since` counts the wait for it, so a loop blocked right at the wake-up is
+    seen."""
+
+    def __init__(self, interval_s: float = 0.05, keep_s: float = 60.0,
+                 wanted: Callable[[], bool] | None = None) -> None:
         self.interval_s = interval_s
         self.keep_s = keep_s
+        self.wanted = wanted
         self.samples: deque[tuple[float, float]] = deque()  # (when sampled, lag)
         self.last = 0.0
+        self.parked = False
         self._due = 0.0
+        self._resume: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def run(self) -> None:
-        """Sample until cancelled."""
-        loop = asyncio.get_running_loop()
+        """Sample until cancelled (parked while not wanted)."""
+        loop = self._loop = asyncio.get_running_loop()
+        resume = self._resume = asyncio.Event()
         while True:
-            self._due = loop.time() + self.interval_s
-            await asyncio.sleep(self.interval_s)
+            if self.wanted is not None and not self.wanted():
+                self._due = 0.0  # nothing overdue while parked
+                self.last = 0.0
+                self.parked = True
+                try:
+                    await resume.wait()
+                finally:
+                    self.parked = False
+                    resume.clear()
+                # _due: when wake() was called; this sample is how late the sampler ran
+            else:
+                self._due = loop.time() + self.interval_s
+                await asyncio.sleep(self.interval_s)
             now = loop.time()
             self.last = max(0.0, now - self._due)
             self.samples.append((now, self.last))
             while self.samples and self.samples[0][0] < now - self.keep_s:
                 self.samples.popleft()
+
+    def wake(self) -> None:
+        """Resume a parked sampler (called when it becomes wanted; a no-op otherwise)."""
+        if self.parked and self._resume is not None and not self._resume.is_set():
+            assert self._loop is not None
+            self._due = self._loop.time()
+            self._resume.set()
 
     def max_since(self, start: float) -> float:
         """The largest lag seen since loop time ``start`` (a sample still overdue counts)."""
@@ -90,13 +122,19 @@ class Membership:
         self.last_probe: list[bool | None] = [None] * config.num_replicas
         self.last_prefill_probe: list[bool | None] = [None] * len(config.prefill)
         self.inconclusive = 0  # probe results not counted (the proxy's own lag or resources)
-        self.lag = LoopLag()
+        # loop lag is sampled while probes are on, a probe round runs or a request is in
+        # flight (a timeout may then be judged against it); an idle proxy parks the sampler
+        self._probing = 0
+        self.lag = LoopLag(wanted=lambda: (config.health_interval_s > 0 or self._probing > 0
+                                           or ledger.in_flight > 0))
+        ledger.on_admit = self.lag.wake
         self._expiry: asyncio.TimerHandle | None = None
         self._task: asyncio.Task | None = None
         self._lag_task: asyncio.Task | None = None
 
     def start(self) -> None:
-        """Start the probe/bootstrap loop and the loop-lag monitor."""
+        """Start the probe/bootstrap loop and the loop-lag monitor (parked while idle with
+        probes off)."""
         loop = asyncio.get_running_loop()
         self._lag_task = loop.create_task(self.lag.run(), name="balanceroute-loop-lag")
         self._task = loop.create_task(self._loop(), name="balanceroute-health")
@@ -189,7 +227,12 @@ class Membership:
         cfg = self.config
         decode = [self._probe(d.url, d.dp_rank, d.api_key()) for d in cfg.decode]
         prefill = [self._probe(p.url, None, p.api_key()) for p in cfg.prefill]
-        results = await asyncio.gather(*decode, *prefill)
+        self._probing += 1  # a timed-out probe is judged against the loop lag: sample it
+        self.lag.wake()
+        try:
+            results = await asyncio.gather(*decode, *prefill)
+        finally:
+            self._probing -= 1
         skipped = sum(1 for ok in results if ok is None)
         if skipped:
             self.inconclusive += skipped

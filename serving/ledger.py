@@ -9,7 +9,11 @@ count n_g and a (G, B) slot table, builds the policy's :class:`ClusterState` and
 :class:`PoolView` from them each tick and applies the returned :class:`Assignment`.
 
 Invariant: ``finish`` counts each ticket once, and when no ticket is active every load, running
-count and slot is back to zero. No I/O and no asyncio here: :mod:`.dispatch` drives it.
+count and slot is back to zero. No I/O and no asyncio here: :mod:`.dispatch` drives it. Two hooks
+tell the event-driven parts that work arrived, so nothing needs to poll an idle ledger:
+``on_admit`` (a request was accepted: the loop-lag sampler of :mod:`.health` resumes) and
+``on_pool`` (a ticket entered the pool, by :meth:`Ledger.enqueue` or :meth:`Ledger.requeue`: the
+dispatcher, whose tick loop sleeps without a timer while the pool is empty, ticks).
 """
 
 from __future__ import annotations
@@ -87,6 +91,10 @@ class Ledger:
         self._next_rid = 0
         # fills the tick's state with foreign load, budgets and speeds (Signals.reconcile)
         self.reconcile: Callable[[ClusterState], None] | None = None
+        # called after a request is accepted (admit) / after a ticket enters the pool (enqueue,
+        # requeue); see the module doc
+        self.on_admit: Callable[[], None] | None = None
+        self.on_pool: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ views
     @property
@@ -120,6 +128,8 @@ class Ledger:
         self.tickets[ticket.rid] = ticket
         self.prefilling += 1
         self.accepted += 1
+        if self.on_admit is not None:
+            self.on_admit()
         return ticket
 
     def enqueue(self, ticket: Ticket, prompt_len: int, now: float, lease_s: float) -> None:
@@ -133,6 +143,8 @@ class Ledger:
         ticket.joined = now
         ticket.lease_deadline = now + lease_s
         self.pool.append(ticket)
+        if self.on_pool is not None:
+            self.on_pool()
 
     def requeue(self, ticket: Ticket) -> None:
         """Decode failed before the first token: free the slot and put the ticket back in the
@@ -143,6 +155,8 @@ class Ledger:
         ticket.state = "pooled"
         at = next((j for j, t in enumerate(self.pool) if t.joined > ticket.joined), len(self.pool))
         self.pool.insert(at, ticket)
+        if self.on_pool is not None:
+            self.on_pool()
 
     def rebind(self, ticket: Ticket, replica: int) -> None:
         """Move an active ticket that has no token yet to a free slot of ``replica``."""
