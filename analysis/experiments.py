@@ -130,8 +130,8 @@ class Profile:
 
 
 FULL = Profile(name="full")
-"""The committed reproduction (≈ 1 h on 2 cores with ``--jobs 2``: 20 min for all but the three
-optimality-gap experiments, 38 min for those)."""
+"""The committed reproduction (16,043 cells: 64 min on 2 cores with ``--jobs 2`` from an empty
+cache, beside a test run; 2 h 40 m on a box far busier)."""
 
 QUICK = Profile(
     name="quick", table1_requests=6_000, table1_replay_requests=6_000, seeds=(0,),
