@@ -106,9 +106,8 @@ class Dispatcher:
         Raises :class:`LeaseExpired` when that time comes first.
         """
         ticket.future = asyncio.get_running_loop().create_future()
-        if prompt_len is not None:
+        if prompt_len is not None:  # the ledger's on_pool hook wakes the tick (requeue's did)
             self.ledger.enqueue(ticket, prompt_len, self.clock(), lease_s)
-        self.wake()
         return await ticket.future
 
     def missed_lease(self, ticket: Ticket) -> bool:
