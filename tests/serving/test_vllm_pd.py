@@ -223,10 +223,15 @@ def _by_engine(url: str) -> dict[str, float]:
     return out
 
 
+def _post(url: str, body: dict[str, Any], chat: bool = False,
+          headers: dict[str, str] | None = None) -> httpx.Response:
+    return httpx.post(url + ("/v1/chat/completions" if chat else "/v1/completions"), json=body,
+                      headers=headers or {}, timeout=300)
+
+
 def _completion(url: str, body: dict[str, Any], chat: bool = False,
                 headers: dict[str, str] | None = None) -> dict[str, Any]:
-    resp = httpx.post(url + ("/v1/chat/completions" if chat else "/v1/completions"), json=body,
-                      headers=headers or {}, timeout=300)
+    resp = _post(url, body, chat, headers)
     assert resp.status_code == 200, resp.text
     return resp.json()
 
@@ -263,8 +268,8 @@ def _warm(servers: Servers) -> None:
                                                                        "do_remote_prefill": False}})
             params = pre.get("kv_transfer_params")
             assert isinstance(params, dict) and params.get("remote_block_ids"), pre
-            resp = httpx.post(url + "/v1/completions", json={**body, "cache_salt": salt, "kv_transfer_params": params},
-                              headers={} if rank is None else {"X-data-parallel-rank": str(rank)}, timeout=300)
+            resp = _post(url, {**body, "cache_salt": salt, "kv_transfer_params": params},
+                         headers={} if rank is None else {"X-data-parallel-rank": str(rank)})
             if resp.status_code == 200:
                 break
             # vLLM fails a request whose KV did not arrive (kv_load_failure_policy "fail"): a 500
@@ -276,7 +281,8 @@ def _warm(servers: Servers) -> None:
         assert grew == {str(rank or 0): len(body["prompt"])}, (
             f"decode {url} rank {rank} did not take the prompt's KV over NIXL: {grew}\n" + _log(log))
     if failed:
-        # seen in CI: a fresh decode server's first hand-off answered 500; the next one worked
+        # seen in CI: a fresh decode server's first hand-off answered 500 (others report a first
+        # request after start-up failing and the next one working)
         warnings.warn("warm-up hand-offs failed and were retried:\n" + "\n".join(failed), stacklevel=1)
 
     # A server's first hand-off can notify prefill after the lease (79 s once, load 50): then
