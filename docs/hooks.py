@@ -1,7 +1,8 @@
 """Build hooks of the documentation site (mkdocs.yml ``hooks:``); not a page.
 
 - The model, algorithm and research pages live in ``papers/`` (next to their CSVs and figures);
-  :func:`on_files` adds ``papers/`` to the site as it is, under ``papers/``, instead of copying it.
+  :func:`on_files` adds ``papers/`` to the site as it is, under ``papers/``, instead of copying it
+  (but for files git ignores: ``make reproduce``'s local report must not fail the strict build).
 - ``reference/cli.md`` is generated from the argparse parsers (:mod:`balanceroute.clidoc`).
 - The installed package maps ``core/``, ``solvers/``, ``serving/`` and ``analysis/`` into
   ``balanceroute.*`` (pyproject's ``package-dir``); :func:`api_tree` lays that out as symlinks
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import subprocess
 from pathlib import Path
 
 from mkdocs.structure.files import File, Files
@@ -67,11 +69,25 @@ def on_config(config):
 _PAPER_SUFFIXES = {".md", ".png", ".svg"}
 
 
+def _git_ignored(under: str) -> set[str]:
+    """Files under ``under`` that git ignores (``papers/reproduction/quick/``: what ``make
+    reproduce`` writes on a user's machine): not part of the site. Empty without git."""
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--others", "--ignored", "--exclude-standard",
+                              "-z", "--", under], capture_output=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return {p for p in out.decode().split("\0") if p}
+
+
 def on_files(files: Files, config) -> Files:
-    """Add ``papers/**`` (Markdown and figures) and the generated CLI page."""
+    """Add ``papers/**`` (Markdown and figures; not what git ignores, such as a local
+    ``reproduce --quick`` report) and the generated CLI page."""
+    ignored = _git_ignored("papers")
     for path in sorted((ROOT / "papers").rglob("*")):
         rel = path.relative_to(ROOT)
-        if path.is_file() and path.suffix in _PAPER_SUFFIXES and "cache" not in rel.parts:
+        if (path.is_file() and path.suffix in _PAPER_SUFFIXES and "cache" not in rel.parts
+                and rel.as_posix() not in ignored):
             files.append(File(rel.as_posix(), src_dir=str(ROOT), dest_dir=config["site_dir"],
                               use_directory_urls=config["use_directory_urls"]))
     from balanceroute.clidoc import cli_reference
