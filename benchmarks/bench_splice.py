@@ -31,7 +31,6 @@ if not __package__:  # run as a script: the repository root holds the ``benchmar
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from balanceroute.serving.ledger import Ledger  # noqa: E402
-from balanceroute.serving.proxy import Proxy  # noqa: E402
 from balanceroute.serving.relay import DecodeStream  # noqa: E402
 from balanceroute.serving.stream_relay import StreamRelay  # noqa: E402
 from balanceroute.serving.upstream_conn import UpstreamConnection, UpstreamResponse  # noqa: E402
@@ -97,7 +96,6 @@ async def _one_round(kind: str, chunks: list[bytes], streams: int) -> float:
     ``floor``)."""
     loop = asyncio.get_running_loop()
     ledger = Ledger([streams], pool_capacity=streams)
-    owner = types.SimpleNamespace(metrics=types.SimpleNamespace(relayed_tokens=0), speed_fit=None, ledger=ledger)
     pool = types.SimpleNamespace(release=lambda key, conn: None)
     spent = 0.0
     for s in range(streams):
@@ -114,7 +112,7 @@ async def _one_round(kind: str, chunks: list[bytes], streams: int) -> float:
         else:
             creq = types.SimpleNamespace(include_usage=False, continuous_usage=False)
             sink = StreamRelay(ticket, DecodeStream(response), creq, observe=lambda t, e: None,
-                               progress=lambda t, done: Proxy._progress(owner, t, done),  # type: ignore[arg-type]
+                               progress=ledger.progress,  # what Proxy relays through without a speed fit
                                end=lambda t, o: None, broken=lambda t, e: None)
             sink._down, sink._done = down, loop.create_future()
         response.attach(sink)

@@ -88,6 +88,7 @@ class Ledger:
         self.finished: Counter[str] = Counter()
         self.tickets: dict[int, Ticket] = {}
         self.step = 0
+        self.relayed = 0  # completion tokens relayed: Σ of every a_i's growth (the metrics' counter)
         self._next_rid = 0
         # fills the tick's state with foreign load, budgets and speeds (Signals.reconcile)
         self.reconcile: Callable[[ClusterState], None] | None = None
@@ -113,7 +114,8 @@ class Ledger:
 
     def imbalance(self) -> int:
         """I = G·M − Σ_g L_g on the current loads."""
-        return int(self.num_replicas * self.loads.max() - self.loads.sum())
+        loads = self.loads.tolist()  # (Python ints: per tick, cheaper than two numpy reductions)
+        return len(loads) * max(loads) - sum(loads)
 
     # ------------------------------------------------------------ transitions
     def admit(self, request_id: str, *, endpoint: str = "", now: float = 0.0) -> Ticket:
@@ -171,6 +173,7 @@ class Ledger:
             return
         grown = int(completion_tokens) - ticket.age
         ticket.age = int(completion_tokens)
+        self.relayed += grown
         self.slot_age[ticket.replica, ticket.slot] = ticket.age
         self.loads[ticket.replica] += grown
 
@@ -234,13 +237,15 @@ class Ledger:
     # ------------------------------------------------------------------- tick
     def build_tick(self, now: float) -> tuple[ClusterState, PoolView] | None:
         """The policy's inputs, or ``None`` when the pool is empty or no slot is free."""
+        if not self.pool:  # (first: a finished request wakes the tick with the pool empty)
+            return None
         free = self.free_slots()
-        if not self.pool or not free.any():
+        if not np.count_nonzero(free):
             return None
         rows, cols = np.nonzero(self.slot_rid >= 0)
         state = ClusterState(
             loads=self.loads.copy(), free_slots=free, num_active=self.num_active.copy(),
-            step=self.step, now=now, active_replica=rows.astype(np.int64),
+            step=self.step, now=now, active_replica=rows.astype(np.int64, copy=False),
             active_prompt=self.slot_prompt[rows, cols], active_age=self.slot_age[rows, cols],
             active_ids=self.slot_rid[rows, cols],
         )

@@ -62,7 +62,7 @@ class _LedgerCollector:
             ("balanceroute_replica_available", "1 if replica g is in service.", led.available.astype(int)),
         ]
         yield CounterMetricFamily("balanceroute_relayed_tokens", "Completion tokens relayed to clients.",
-                                  value=self.metrics.relayed_tokens)
+                                  value=led.relayed)
         for name, (doc, value) in self.extra().items():
             if isinstance(value, list):
                 per.append((name, doc, value))
@@ -87,7 +87,6 @@ class ProxyMetrics:
         self.errors = Counter("balanceroute_errors", "Errors by kind.", ["kind"], registry=self.registry)
         self.retries = Counter("balanceroute_retries", "Upstream attempts retried, by stage.", ["stage"],
                                registry=self.registry)
-        self.relayed_tokens = 0  # per chunk on the hot path: a plain int, exported at scrape time
         self.tick = Histogram("balanceroute_tick_seconds", "Duration of a scheduling tick (policy included).",
                               buckets=_TICK_BUCKETS, registry=self.registry)
         self.pool_wait = Histogram("balanceroute_pool_wait_seconds", "Time from prefill done to decode slot.",
@@ -106,6 +105,12 @@ class ProxyMetrics:
         self.poison = Counter("balanceroute_poison_requests", "Requests that failed on several hosts "
                               "(their failures eject nobody), by stage.", ["stage"], registry=self.registry)
         self._ledger, self._labels = ledger, replica_labels
+
+    @property
+    def relayed_tokens(self) -> int:
+        """Completion tokens relayed to clients: counted by the ledger as a_i grows (per token on
+        the hot path, a plain int), exported at scrape time."""
+        return self._ledger.relayed
 
     def register_gauges(self, extra: Callable[[], dict[str, Any]] = dict) -> None:
         """Add the gauges read at scrape time: the ledger's, and ``extra()`` — name → (doc,

@@ -150,6 +150,8 @@ class Proxy:
         self.speed_fit = (SpeedFit(num_replicas=self.ledger.num_replicas)
                           if getattr(config, "speed_fit", False) else None)
         self._token_clock = TokenClock()
+        # a_i grew (per relayed token): straight to the ledger, through _speed_progress with a fit
+        self._progress = self.ledger.progress if self.speed_fit is None else self._speed_progress
         self.signals = Signals(self.ledger, build_readers(config.engine_state, config.decode, client,
                                                           timeout_s=config.health_timeout_s),
                                poll_interval_s=config.engine_poll_interval_s, speed_fit=self.speed_fit,
@@ -393,15 +395,14 @@ class Proxy:
             if estimated and prompt is not None and prompt > 0:
                 self.ledger.set_prompt(ticket, prompt)
 
-    def _progress(self, ticket: Ticket, done: int) -> None:
-        """a_i grew to ``done`` (> ``ticket.age``)."""
-        self.metrics.relayed_tokens += done - ticket.age
-        if self.speed_fit is not None:  # the one place the relay feeds the speed fit
-            g = ticket.replica
-            interval = self._token_clock.interval(ticket.rid, done, time.monotonic())
-            if interval is not None and g is not None and g >= 0:
-                self.speed_fit.observe(g, interval, float(self.ledger.loads[g]),
-                                       int(self.ledger.num_active[g]))
+    def _speed_progress(self, ticket: Ticket, done: int) -> None:
+        """a_i grew to ``done`` (> ``ticket.age``), with the speed fit on: the one place the
+        relay feeds it, then the ledger (``_progress`` without a fit)."""
+        g = ticket.replica
+        interval = self._token_clock.interval(ticket.rid, done, time.monotonic())
+        if interval is not None and g is not None and g >= 0:
+            self.speed_fit.observe(g, interval, float(self.ledger.loads[g]),  # type: ignore[union-attr]
+                                   int(self.ledger.num_active[g]))
         self.ledger.progress(ticket, done)
 
     def _broken(self, ticket: Ticket, exc: StreamBroken) -> None:

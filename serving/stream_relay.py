@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable
 
 from .asgi import Downstream
+from .event_scan import scan
 from .ledger import Ticket
 from .protocol import SSE_DONE, ClientRequest, error_body, public_reason, sse
 from .relay import DecodeStream, Event, StreamBroken, Write
@@ -186,36 +187,15 @@ class StreamRelay:
             write = self._raw_write = self._down.chunk_writer()  # type: ignore[union-attr]
             if write is None:
                 return False
-        # :meth:`_fast_event` and :meth:`_general_only` inlined: this runs once per token
-        stop = len(data) - 4  # the payload without its blank line
-        end = stop - 2  # the usage object's closing brace
-        if (not data.endswith(b"}}\n\n\r\n") or data.find(b"\r", start, stop) >= 0  # (the framing has CRs)
-                or self.stream._buf or not self.ticket.prompt_checked
-                or b'"error"' in data or b"recomputed" in data
-                or not data.startswith(b"data: {", start) or data.find(b"\n", start, stop) >= 0):
+        if (not data.endswith(b"\n\n\r\n") or self.stream._buf or not self.ticket.prompt_checked
+                or (hit := scan(data, start, len(data) - 4)) is None):
             return False
-        i = data.find(b"[", start, stop)  # ``[]`` by its first byte (a one-byte search is far cheaper)
-        while i >= 0:
-            if data[i + 1] == 93:  # "]"
-                return False
-            i = data.find(b"[", i + 1, stop)
-        at = data.rfind(b',"usage":{', start, end)
-        if at < 0 or data.find(b"{", at + 10, end) >= 0 or data.find(b"}", at + 10, end) >= 0:
-            return False
-        c = data.find(b'"completion_tokens":', at, end)
-        f = data.find(b'"finish_reason":', start, at)
-        if c < 0 or (f >= 0 and (data[f - 1] not in b",{" or data[f + 16] not in b'n"')):
-            return False
-        comma = data.find(b",", c + 20, end)
-        try:
-            done = int(data[c + 20:comma if comma >= 0 else end])
-        except ValueError:
-            return False
+        done, at, finished = hit
         try:
             ticket = self.ticket
             if done > ticket.age:
                 self._progress(ticket, done)
-            if f >= 0 and data[f + 16] == 34:  # '"': a finish reason
+            if finished:
                 self.stream.finished = True
             if self.continuous:
                 write(data)
@@ -288,30 +268,18 @@ class StreamRelay:
 
     def _fast_event(self, data: bytes, start: int, stop: int) -> int:
         """The fast path for the event ``data[start:stop]`` (no trailing blank line) in vLLM's
-        compact form — a single ``data:`` line with its flat usage object last
-        (``...,"usage":{...}}``): records its progress and returns where ``,"usage":`` starts
-        (the client's bytes are cut there, as :meth:`convert` would); -1, untouched, for
-        anything else. The caller has ruled out what needs the general path anywhere in the
-        read (:meth:`_general_only`, and CR line ends)."""
-        end = stop - 2  # the usage object's closing brace
-        at = data.rfind(b',"usage":{', start, end)
-        if (at < 0 or not data.startswith(b"data: {", start) or not data.startswith(b"}}", end)
-                or data.find(b"\n", start, stop) >= 0 or data.find(b"{", at + 10, end) >= 0
-                or data.find(b"}", at + 10, end) >= 0):
+        compact form (:mod:`.event_scan`'s rule): records its progress and returns where
+        ``,"usage":`` starts (the client's bytes are cut there, as :meth:`convert` would); -1,
+        untouched, for anything else. The caller has ruled out what needs the general path
+        anywhere in the read (:meth:`_general_only`, and CR line ends)."""
+        hit = scan(data, start, stop)
+        if hit is None:
             return -1
-        c = data.find(b'"completion_tokens":', at, end)
-        f = data.find(b'"finish_reason":', start, at)
-        if c < 0 or (f >= 0 and (data[f - 1] not in b",{" or data[f + 16] not in b'n"')):
-            return -1
-        comma = data.find(b",", c + 20, end)
-        try:
-            done = int(data[c + 20:comma if comma >= 0 else end])
-        except ValueError:
-            return -1
+        done, at, finished = hit
         ticket = self.ticket
         if done > ticket.age:
             self._progress(ticket, done)
-        if f >= 0 and data[f + 16] == 34:  # '"': a finish reason
+        if finished:
             self.stream.finished = True
         return at
 

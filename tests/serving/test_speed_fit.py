@@ -100,7 +100,7 @@ async def test_the_proxy_feeds_the_fit_from_its_relay_and_shows_it() -> None:
             reply = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3})
             assert reply.status_code == 200
         assert proxy.speed_fit is not None and proxy.signals.speed_fit is proxy.speed_fit
-        assert proxy.speed_fit.observations.sum() > 0  # intervals came in through _progress
+        assert proxy.speed_fit.observations.sum() > 0  # intervals came in through _speed_progress
         status = proxy.status()  # (the /status endpoint needs the admin token)
         assert {"step_a_us_per_token", "step_b_ms"} <= set(status["replicas"][0]["speed"])
         text = (await client.get("/metrics")).text

@@ -1,0 +1,95 @@
+"""The relay's per-token rule (serving/event_scan.py): worked examples, and the compiled rule
+(``_event_scan.c``) against the Python one on generated events, offsets included."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from balanceroute.serving import event_scan
+from balanceroute.serving.event_scan import scan_event
+
+RULES = [pytest.param(scan_event, id="python")]
+if event_scan.compiled is not None:
+    RULES.append(pytest.param(event_scan.compiled, id="compiled"))
+
+
+def event(k: int, finish: str | None = None, **usage: object) -> bytes:
+    obj = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+           "choices": [{"index": 0, "text": f" t{k}", "logprobs": None, "finish_reason": finish,
+                        "stop_reason": None}],
+           "usage": {"prompt_tokens": 5, "total_tokens": 5 + k, "completion_tokens": k, **usage}}
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_worked_examples(rule) -> None:
+    data = event(57) + b"\n\n"
+    at = data.index(b',"usage":{')
+    assert rule(data, 0, len(data) - 2) == (57, at, False)
+    data = b"x\r\n" + event(9, "length") + b"\n\n\r\n"  # one whole chunk: payload from 3
+    assert rule(data, 3, len(data) - 4) == (9, data.index(b',"usage":{'), True)
+    # what the general path must see instead
+    assert rule(event(3).replace(b'"choices":[{', b'"choices":[],"c":[{'), 0, len(event(3)) + 9) is None
+    for bad in (event(3).replace(b'"m"', b'"error"'), event(3).replace(b'"m"', b'"recomputed"'),
+                event(3).replace(b'"m"', b'"a\\rb"').replace(b"\\r", b"\r"),
+                event(3).replace(b'"m"', b'"a\nb"'), event(3).replace(b"data: ", b"data:"),
+                event(3).replace(b'"completion_tokens"', b'"completion_token"'),
+                event(3).replace(b',"usage":{', b',"usage":{"x":{},')):
+        assert rule(bad, 0, len(bad)) is None, bad
+    # the count as int() reads it: signs and underscores too, anything else declined
+    assert rule(event(3).replace(b":3}", b":1_2}"), 0, len(event(3)) + 2)[0] == 12
+    assert rule(event(3).replace(b":3}", b":x}"), 0, len(event(3)) + 2) is None
+    big = event(3).replace(b":3}", b":123456789012345678901234}")
+    assert rule(big, 0, len(big))[0] == 123456789012345678901234
+    # offsets outside the bytes: declined, never read from the end
+    data = event(4)
+    assert rule(data, -1, len(data)) is None and rule(data, 0, len(data) + 1) is None
+    assert rule(data, 5, 3) is None
+
+
+_PIECES = [b'data: {', b'"choices":[{"index":0,"text":"a","finish_reason":', b'null', b'"stop"',
+           b'}]', b',"usage":{', b'"prompt_tokens":5,', b'"completion_tokens":', b'7', b'12', b'0',
+           b'-', b'_', b' ', b'+', b'}', b'}}', b'{', b'[]', b'[', b']', b',', b'"', b'"error"',
+           b'recomputed', b'\r', b'\n', b'"finish_reason":n', b'x', b'9' * 20]
+
+
+@st.composite
+def events(draw: st.DrawFn) -> tuple[bytes, int, int]:
+    """Mostly near-valid events (a valid one with pieces inserted or cut), some random bytes;
+    offsets inside the bytes and a few outside."""
+    if draw(st.booleans()):
+        data = bytearray(event(draw(st.integers(0, 10**6)), draw(st.sampled_from([None, "stop"]))))
+        text = data.index(b'"text":"') + 8  # raw bytes into the text: the rest stays valid
+        data[text:text] = b"".join(draw(st.lists(st.sampled_from(_PIECES), max_size=2)))
+        for _ in range(draw(st.integers(0, 3))):
+            at = draw(st.integers(0, len(data)))
+            if draw(st.booleans()):
+                data[at:at] = draw(st.sampled_from(_PIECES))
+            else:
+                del data[at:at + draw(st.integers(1, 12))]
+        data = bytes(data)
+    else:
+        data = b"".join(draw(st.lists(st.sampled_from(_PIECES), max_size=24)))
+    prefix = draw(st.sampled_from([b"", b"1f\r\n", b"data: {}\n\n"]))
+    suffix = draw(st.sampled_from([b"", b"\n\n", b"\n\n\r\n"]))
+    whole = prefix + data + suffix
+    start = draw(st.one_of(st.just(len(prefix)), st.integers(-2, len(whole) + 2)))
+    stop = draw(st.one_of(st.just(len(prefix) + len(data)), st.integers(-2, len(whole) + 2)))
+    return whole, start, stop
+
+
+@pytest.mark.skipif(event_scan.compiled is None, reason="the compiled rule is not built here (no C compiler "
+                    "at install): the relay runs the Python rule, checked above")
+@settings(max_examples=3000, deadline=None)
+@given(events())
+def test_compiled_rule_agrees_with_python(case: tuple[bytes, int, int]) -> None:
+    data, start, stop = case
+    assert event_scan.compiled(data, start, stop) == scan_event(data, start, stop)
+
+
+def test_the_relay_runs_the_compiled_rule_when_built() -> None:
+    assert event_scan.scan is (event_scan.compiled or scan_event)
