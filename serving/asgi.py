@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from .http1 import LAST_CHUNK, encode_chunk, response_head
@@ -53,6 +54,9 @@ class Downstream(Protocol):
         """Route disconnect and flow-control events to ``listener`` (``None``: stop); a client
         already over its high-water mark pauses it at once."""
 
+    def when_gone(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the client connection is lost (at once if it is already)."""
+
 
 class Cycle:
     """One request and its response on a connection (``conn``: the server's protocol); the
@@ -70,6 +74,7 @@ class Cycle:
         self.head = b""
         self.listener: SpliceListener | None = None
         self._waiters: list[asyncio.Future[None]] = []
+        self._on_gone: list[Callable[[], None]] = []
         scope["extensions"] = {SPLICE: {"downstream": self}}
 
     # ASGI
@@ -154,10 +159,21 @@ class Cycle:
         if listener is not None and self.conn.write_paused:
             listener.pause_writing()  # already over the high-water mark
 
+    def when_gone(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the client connection is lost (now, if it is): what an app
+        would learn from ``receive()``'s ``http.disconnect``, without a task waiting on it."""
+        if self.gone:
+            callback()
+        else:
+            self._on_gone.append(callback)
+
     # connection events
     def lost(self) -> None:
         self.gone = True
         self._wake()
+        callbacks, self._on_gone = self._on_gone, []
+        for callback in callbacks:
+            callback()
         listener, self.listener = self.listener, None
         if listener is not None:
             listener.on_gone()

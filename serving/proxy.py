@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse, Response
 
 from balanceroute.core.policies.base import Policy
 
+from .asgi import SPLICE
 from .assemble import Assembler
 from .config import ProxyConfig
 from .decode import DecodeStage, KvMaybeSpent
@@ -244,15 +245,32 @@ class Proxy:
         work = asyncio.ensure_future(self._serve(ticket, creq))
         self.unanswered[ticket] = work
         work.add_done_callback(lambda _: self.unanswered.pop(ticket, None))
-        watch = asyncio.ensure_future(_disconnected(request))
+        # wait for the answer or the client's leaving, whichever comes first: the native server
+        # calls back on a disconnect; under any other ASGI server a task waits for it
+        either = asyncio.get_running_loop().create_future()
+
+        def wake(_: Any = None) -> None:
+            if not either.done():
+                either.set_result(None)
+
+        work.add_done_callback(wake)
+        down = request.scope.get("extensions", {}).get(SPLICE, {}).get("downstream")
+        watch = None
+        if down is not None:
+            down.when_gone(wake)
+        else:
+            watch = asyncio.ensure_future(_disconnected(request))
+            watch.add_done_callback(wake)
         try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            await either
         except asyncio.CancelledError:
             work.cancel()
-            watch.cancel()
+            if watch is not None:
+                watch.cancel()
             raise
         if work.done():
-            watch.cancel()
+            if watch is not None:
+                watch.cancel()
             if work.cancelled() and self.stopping:  # the drain's grace ended before an answer
                 return error_response(self.shutdown_error())
             return work.result()

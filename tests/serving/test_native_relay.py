@@ -160,6 +160,36 @@ async def test_a_client_disconnect_mid_stream_closes_upstream_and_frees_the_load
         assert proxy.ledger.finished == {"client_disconnect": 1}
 
 
+async def test_a_client_leaving_before_its_answer_aborts_upstream_without_a_watcher_task(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode holds its response head back; the client hangs up. The native server calls the
+    proxy back (``Cycle.when_gone``): the attempt is cancelled, upstream closed, the ticket ended
+    as ``client_disconnect`` — and no task was started to wait for the disconnect."""
+    upstream_closed = asyncio.Event()
+    reached = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        reached.set()
+        with contextlib.suppress(ConnectionError):
+            assert await asyncio.wait_for(reader.read(), 10) == b""  # no head: wait for the abort
+        upstream_closed.set()
+
+    from balanceroute.serving import proxy as proxy_module
+
+    watchers = count_calls(monkeypatch, proxy_module, "_disconnected")
+    async with relay_proxy(handler) as (port, proxy, _):
+        _, writer = await open_stream(port, 10)
+        await asyncio.wait_for(reached.wait(), 10)
+        assert proxy.ledger.in_flight == 1
+        writer.close()
+        await asyncio.wait_for(upstream_closed.wait(), 10)
+        await eventually(lambda: proxy.ledger.in_flight == 0, "the ledger to drain")
+        assert_drained(proxy)
+        assert proxy.ledger.finished == {"client_disconnect": 1}
+    assert watchers[0] == 0
+
+
 async def test_a_slow_reader_pauses_upstream_and_gets_every_byte(monkeypatch: pytest.MonkeyPatch) -> None:
     paused = count_calls(monkeypatch, UpstreamResponse, "pause")
     resumed = count_calls(monkeypatch, UpstreamResponse, "resume")
