@@ -21,7 +21,11 @@ the emulator's measured mean imbalance and token throughput (emulated time).
 
     python benchmarks/bench_proxy.py [--section overhead|peer|policies|all] [--quick] [--json]
                                      [--vllm-router PATH] [--floor] [--uvicorn]
-                                     [--rounds N] [--seconds S] [--cpu-only]
+                                     [--rounds N] [--seconds S] [--cpu-only] [--baseline REV]
+
+``--baseline REV`` adds our proxy at an earlier commit as a column of the peer section (built
+into a scratch directory first), with the per-round ratio: a change measured against the code
+before it, in one run.
 """
 
 from __future__ import annotations
@@ -91,15 +95,17 @@ def emulator(args: list[str]) -> Iterator[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def proxy_process(mapping: dict[str, Any], extra: list[str]) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A ``serve`` subprocess on a free port; yields its URL and process."""
+def proxy_process(mapping: dict[str, Any], extra: list[str],
+                  cli: list[str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A ``serve`` subprocess (of ``cli``, default this tree's) on a free port; yields its URL
+    and process."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "proxy.json")
         with open(path, "w") as fh:
             json.dump(mapping, fh)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        cmd = [*CLI, "serve", "--config", path, "--host", "127.0.0.1", "--port", str(port),
+        cmd = [*(cli or CLI), "serve", "--config", path, "--host", "127.0.0.1", "--port", str(port),
                "--log-level", "warning", *extra]
         with _router_process(cmd, url) as proc:
             yield url, proc
@@ -289,8 +295,41 @@ def _retrying(start: Any, tries: int = 3) -> Iterator[tuple[str, subprocess.Pope
             return
 
 
+_LAUNCHER = """import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+sys.path.insert(0, sys.argv.pop(1))
+from balanceroute.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@contextlib.contextmanager
+def baseline_build(rev: str) -> Iterator[list[str]]:
+    """This repository at git revision ``rev``, installed (compiled parts included) into a
+    scratch directory, its numba kernels compiled there; yields the command that runs its CLI
+    (``python launcher.py SITE``) — the baseline column of the peer section, so that a change
+    is measured against the code before it in the same run. The scratch directory goes at exit."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory() as tmp:
+        tree, site = os.path.join(tmp, "tree"), os.path.join(tmp, "site")
+        subprocess.run(["git", "-C", root, "worktree", "add", "--detach", "--quiet", tree, rev], check=True)
+        try:
+            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                            "--no-build-isolation", "--target", site, tree], check=True)
+        finally:
+            subprocess.run(["git", "-C", root, "worktree", "remove", "--force", tree], check=False)
+        launcher = os.path.join(tmp, "launcher.py")
+        with open(launcher, "w") as fh:
+            fh.write(_LAUNCHER)
+        # its kernels compiled once here, not while the router waits for the proxy to come up
+        subprocess.run([sys.executable, "-c", _LAUNCHER.replace("from balanceroute.cli import main\nsys.exit(main(sys.argv[1:]))",
+                        "from balanceroute.warm import main\nsys.exit(main())"), site], check=True,
+                       stdout=subprocess.DEVNULL)
+        yield [sys.executable, launcher, site]
+
+
 def _routers(mapping: dict[str, Any], exe: str | None, floor: bool = False,
-             uvicorn: bool = False) -> list[tuple[str, Any]]:
+             uvicorn: bool = False, baseline: tuple[str, list[str]] | None = None) -> list[tuple[str, Any]]:
     """(name, context manager yielding (url, process)) of ours, the peer when installed, and
     when asked the floor (on the native stack; with ``uvicorn`` also on uvicorn) and ours under
     uvicorn (``--http-server uvicorn``). Ours without health probes: on a saturated machine one
@@ -307,12 +346,15 @@ def _routers(mapping: dict[str, Any], exe: str | None, floor: bool = False,
         out.append(("ours on uvicorn", lambda: proxy_process(ours, ["--http-server", "uvicorn"])))
     if floor and uvicorn:
         out.append(("floor on uvicorn", lambda: relay_floor(workers, "uvicorn")))
+    if baseline is not None:
+        rev, cli = baseline
+        out.append((f"ours at {rev}", lambda: proxy_process(ours, [], cli=cli)))
     return out
 
 
 def bench_peer(quick: bool, exe: str | None, floor: bool = False, uvicorn: bool = False, *,
                rounds: int | None = None, seconds: float | None = None,
-               cpu_only: bool = False) -> dict[str, Any]:
+               cpu_only: bool = False, baseline: tuple[str, list[str]] | None = None) -> dict[str, Any]:
     """balanceroute serve and vllm-router, one after the other, in front of the same emulated
     decode cluster (G = 4, 20 ms steps), in rounds (direct, ours, peer; 3 rounds, 1 with
     ``quick``): added latency at 16 streams against the same round's direct read (chunks
@@ -325,7 +367,8 @@ def bench_peer(quick: bool, exe: str | None, floor: bool = False, uvicorn: bool 
     take turns in each round, in reversed order every other round (no router always runs after
     the same one); ``cpu_only`` skips the latency rounds. The per-round ratio of our CPU per token
     to the peer's is kept too (its median and range: the load moves both routers of a round
-    alike, less so rounds apart)."""
+    alike, less so rounds apart). ``baseline`` (revision, CLI command of :func:`baseline_build`)
+    adds our proxy at that revision as a column, with its per-round ratio to ours."""
     seconds = seconds if seconds is not None else 4.0 if quick else 10.0
     rounds = rounds if rounds is not None else 1 if quick else 3
     cpu = max(os.sched_getaffinity(0))
@@ -337,7 +380,7 @@ def bench_peer(quick: bool, exe: str | None, floor: bool = False, uvicorn: bool 
     nan = float("nan")
 
     def turns(k: int, mapping: dict[str, Any]) -> list[tuple[str, Any]]:
-        order = _routers(mapping, exe, floor, uvicorn)
+        order = _routers(mapping, exe, floor, uvicorn, baseline)
         return order if k % 2 == 0 else order[::-1]
 
     if not cpu_only:
@@ -391,6 +434,11 @@ def bench_peer(quick: bool, exe: str | None, floor: bool = False, uvicorn: bool 
         out["targets"]["cpu_per_token <= 1x vllm-router"] = out["cpu_per_token_ratio"] <= 1.0
         if not cpu_only:
             out["targets"]["added_p99 <= vllm-router + 1 ms"] = ours["added_p99_ms"] <= peer["added_p99_ms"] + 1.0
+    if baseline is not None:
+        then = runs[f"ours at {baseline[0]}"]
+        out["baseline"] = baseline[0]
+        out["cpu_per_token_vs_baseline_rounds"] = [(a["cpu_s"] / a["tokens"]) / (b["cpu_s"] / b["tokens"])
+                                                   for a, b in zip(runs["balanceroute"], then)]
     return out
 
 
@@ -427,6 +475,10 @@ def print_peer(result: dict[str, Any], exe: str | None) -> None:
         for name, rs in result["runs"].items():
             print(f"  {name} per round (µs/token): " + " ".join(
                 f"{1e6 * r['cpu_s'] / r['tokens']:.1f}" for r in rs))
+    if "baseline" in result:
+        r = result["cpu_per_token_vs_baseline_rounds"]
+        print(f"CPU per token: balanceroute / ours at {result['baseline']} per round: median "
+              f"{float(np.median(r)):.2f}x, range {min(r):.2f}–{max(r):.2f}x")
     for target, met in result["targets"].items():
         print(f"target {target}: {'met' if met else 'NOT met'}")
     load = result["load_average"]
@@ -487,6 +539,10 @@ def main() -> int:
                         help="peer section: seconds per router per round (default 10; --quick 4)")
     parser.add_argument("--cpu-only", action="store_true",
                         help="peer section: only the CPU rows (no latency rounds)")
+    parser.add_argument("--baseline", metavar="REV", default=None,
+                        help="peer section: also measure our proxy at git revision REV of this "
+                             "repository (installed into a scratch directory, compiled parts and "
+                             "numba kernels included: a minute or two first) as a column")
     parser.add_argument("--vllm-router", metavar="PATH", default=default_vllm_router(),
                         help="vllm-router executable for the peer section (default: where "
                              "`make bench-venv` installs it); the section runs without it")
@@ -496,8 +552,12 @@ def main() -> int:
     if args.section in ("overhead", "all"):
         result["overhead"] = bench_overhead(args.quick)
     if args.section in ("peer", "all"):
-        result["peer"] = bench_peer(args.quick, exe, args.floor, args.uvicorn, rounds=args.rounds,
-                                    seconds=args.seconds, cpu_only=args.cpu_only)
+        with contextlib.ExitStack() as stack:
+            baseline = None
+            if args.baseline:
+                baseline = (args.baseline, stack.enter_context(baseline_build(args.baseline)))
+            result["peer"] = bench_peer(args.quick, exe, args.floor, args.uvicorn, rounds=args.rounds,
+                                        seconds=args.seconds, cpu_only=args.cpu_only, baseline=baseline)
     if args.section in ("policies", "all"):
         result["policies"] = bench_policies(args.quick, args.repeats)
     if args.json:
