@@ -295,11 +295,12 @@ def _retrying(start: Any, tries: int = 3) -> Iterator[tuple[str, subprocess.Pope
             return
 
 
-_LAUNCHER = """import sys
+# ``python launcher.py SITE MODULE ARGS...``: MODULE run as ``__main__`` from the package in SITE
+# (not from this tree, which an editable install would otherwise put first)
+_LAUNCHER = """import runpy, sys
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 sys.path.insert(0, sys.argv.pop(1))
-from balanceroute.cli import main
-sys.exit(main(sys.argv[1:]))
+runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)
 """
 
 
@@ -307,7 +308,7 @@ sys.exit(main(sys.argv[1:]))
 def baseline_build(rev: str) -> Iterator[list[str]]:
     """This repository at git revision ``rev``, installed (compiled parts included) into a
     scratch directory, its numba kernels compiled there; yields the command that runs its CLI
-    (``python launcher.py SITE``) — the baseline column of the peer section, so that a change
+    (``python launcher.py SITE balanceroute.cli``) — the baseline column of the peer section, so that a change
     is measured against the code before it in the same run. The scratch directory goes at exit."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with tempfile.TemporaryDirectory() as tmp:
@@ -322,10 +323,8 @@ def baseline_build(rev: str) -> Iterator[list[str]]:
         with open(launcher, "w") as fh:
             fh.write(_LAUNCHER)
         # its kernels compiled once here, not while the router waits for the proxy to come up
-        subprocess.run([sys.executable, "-c", _LAUNCHER.replace("from balanceroute.cli import main\nsys.exit(main(sys.argv[1:]))",
-                        "from balanceroute.warm import main\nsys.exit(main())"), site], check=True,
-                       stdout=subprocess.DEVNULL)
-        yield [sys.executable, launcher, site]
+        subprocess.run([sys.executable, launcher, site, "balanceroute.warm"], check=True, stdout=subprocess.DEVNULL)
+        yield [sys.executable, launcher, site, "balanceroute.cli"]
 
 
 def _routers(mapping: dict[str, Any], exe: str | None, floor: bool = False,

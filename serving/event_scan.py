@@ -3,8 +3,8 @@
 :func:`scan_event` is the rule; :data:`scan` is what the relay calls — the same rule compiled
 (``_event_scan.c``, built by ``pip install`` when the machine has a C compiler) or, without it,
 :func:`scan_event` itself. Both give the same answer for every input (tests/serving/
-test_event_scan.py checks them against each other); the compiled one is about ten times faster,
-and the relay runs it once per relayed token.
+test_event_scan.py checks them against each other); the compiled one is about seven times faster
+(2.4 → 0.34 µs on a 280-byte event), and the relay runs it once per relayed token.
 
 The rule takes the event ``data[start:stop]`` (no trailing blank line) only when it is a single
 ``data: {...}`` line, with no CR, no ``[]`` (a usage-only chunk), no ``"error"`` and no

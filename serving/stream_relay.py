@@ -187,16 +187,12 @@ class StreamRelay:
             write = self._raw_write = self._down.chunk_writer()  # type: ignore[union-attr]
             if write is None:
                 return False
-        if (not data.endswith(b"\n\n\r\n") or self.stream._buf or not self.ticket.prompt_checked
-                or (hit := scan(data, start, len(data) - 4)) is None):
+        if not data.endswith(b"\n\n\r\n") or self.stream._buf or not self.ticket.prompt_checked:
             return False
-        done, at, finished = hit
         try:
-            ticket = self.ticket
-            if done > ticket.age:
-                self._progress(ticket, done)
-            if finished:
-                self.stream.finished = True
+            at = self._fast_event(data, start, len(data) - 4)
+            if at < 0:
+                return False
             if self.continuous:
                 write(data)
             elif self.include_usage:
