@@ -315,8 +315,11 @@ def baseline_build(rev: str) -> Iterator[list[str]]:
         tree, site = os.path.join(tmp, "tree"), os.path.join(tmp, "site")
         subprocess.run(["git", "-C", root, "worktree", "add", "--detach", "--quiet", tree, rev], check=True)
         try:
-            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                            "--no-build-isolation", "--target", site, tree], check=True)
+            built = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                                    "--no-build-isolation", "--target", site, tree],
+                                   capture_output=True, text=True)  # (setuptools' warnings: shown on failure)
+            if built.returncode != 0:
+                raise SystemExit(f"bench_proxy: installing {rev} failed:\n{built.stdout}{built.stderr}")
         finally:
             subprocess.run(["git", "-C", root, "worktree", "remove", "--force", tree], check=False)
         launcher = os.path.join(tmp, "launcher.py")

@@ -24,6 +24,7 @@ from typing import Any
 import uvicorn
 
 from balanceroute.serving.asgi import SPLICE, Downstream
+from balanceroute.serving.http1 import whole_chunk
 from balanceroute.serving.http_server import NativeServer
 from balanceroute.serving.runner import bind_socket
 from balanceroute.serving.upstream import UpstreamError, UpstreamPool, UpstreamResponse
@@ -37,9 +38,9 @@ class _Pipe:
         self.response, self.down = response, down
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def on_frame(self, data: bytes, start: int) -> bool:
+    def on_frame(self, data: bytes) -> bool:
         write = self.down.chunk_writer()
-        if write is None:
+        if write is None or whole_chunk(data) < 0:
             return False
         write(data)  # the upstream chunk as it came
         return True

@@ -1,10 +1,12 @@
 """The relay's per-token rule: one SSE event in vLLM's compact form, read by offsets.
 
-:func:`scan_event` is the rule; :data:`scan` is what the relay calls — the same rule compiled
-(``_event_scan.c``, built by ``pip install`` when the machine has a C compiler) or, without it,
-:func:`scan_event` itself. Both give the same answer for every input (tests/serving/
-test_event_scan.py checks them against each other); the compiled one is about seven times faster
-(2.4 → 0.34 µs on a 280-byte event), and the relay runs it once per relayed token.
+:func:`scan_event` is the rule; :func:`scan_chunk` applies it to one upstream read that is
+exactly one whole HTTP chunk holding one event (the usual read: one token). :data:`scan` and
+:data:`scan_read` are what the relay calls — the same functions compiled (``_event_scan.c``,
+built by ``pip install`` when the machine has a C compiler) or, without it, the ones below. Both
+give the same answer for every input (tests/serving/test_event_scan.py checks them against each
+other); compiled, ``scan_event`` is about seven times faster (2.4 → 0.34 µs on a 280-byte event),
+and the relay runs one of the two once per relayed token.
 
 The rule takes the event ``data[start:stop]`` (no trailing blank line) only when it is a single
 ``data: {...}`` line, with no CR, no ``[]`` (a usage-only chunk), no ``"error"`` and no
@@ -17,9 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["compiled", "scan", "scan_event"]
+from .http1 import whole_chunk
+
+__all__ = ["compiled", "compiled_chunk", "scan", "scan_chunk", "scan_event", "scan_read"]
 
 Hit = tuple[int, int, bool]
+ChunkHit = tuple[int, int, int, bool]
 
 
 def scan_event(data: bytes, start: int, stop: int) -> Hit | None:
@@ -54,9 +59,23 @@ def scan_event(data: bytes, start: int, stop: int) -> Hit | None:
     return done, at, f >= 0 and data[f + 16] == 34  # '"': a finish reason
 
 
+def scan_chunk(data: bytes) -> ChunkHit | None:
+    """``(start, completion_tokens, at, finished)`` when ``data`` is exactly one whole chunk in
+    the servers' form (:func:`~.http1.whole_chunk`; its payload starts at ``start``) whose payload
+    is one event and its blank line, ``data[start:-4]``, that :func:`scan_event` takes; else
+    ``None``."""
+    start = whole_chunk(data)
+    if start < 0 or not data.endswith(b"\n\n\r\n"):
+        return None
+    hit = scan_event(data, start, len(data) - 4)
+    return None if hit is None else (start, *hit)
+
+
 try:
+    from ._event_scan import scan_chunk as compiled_chunk  # type: ignore[import-not-found]
     from ._event_scan import scan_event as compiled  # type: ignore[import-not-found]
-except ImportError:  # built without a C compiler: the rule as written above
-    compiled = None
+except ImportError:  # built without a C compiler: the rules as written above
+    compiled = compiled_chunk = None
 
 scan: Callable[[bytes, int, int], Hit | None] = compiled if compiled is not None else scan_event
+scan_read: Callable[[bytes], ChunkHit | None] = compiled_chunk if compiled_chunk is not None else scan_chunk

@@ -66,14 +66,17 @@ def whole_chunk(data: bytes) -> int:
 class ChunkedDecoder:
     """Incremental decoder of HTTP/1.1 chunked transfer coding (RFC 9112 §7.1): ``feed(bytes)``
     returns the payload bytes completed so far; ``done`` once the last chunk and the trailer
-    section are read; ``extra`` holds bytes that came after the end."""
+    section are read; ``extra`` holds bytes that came after the end; ``between`` whether nothing
+    is half-read (the next byte starts a chunk-size line: a read that is one whole chunk would be
+    returned whole, the decoder unchanged)."""
 
-    __slots__ = ("_buf", "_left", "_state", "extra")
+    __slots__ = ("_buf", "_left", "_state", "between", "extra")
 
     def __init__(self) -> None:
         self._buf = b""
         self._left = 0
         self._state = _SIZE
+        self.between = True
         self.extra = b""
 
     @property
@@ -84,14 +87,7 @@ class ChunkedDecoder:
     def whole_chunk(self, data: bytes) -> int:
         """:func:`whole_chunk` of ``data`` when nothing is half-read (else -1); ``data`` is not
         consumed — feed it unless the caller has taken the chunk whole."""
-        if self._state != _SIZE or self._buf:
-            return -1
-        eol = data.find(b"\r\n", 0, 18)  # :func:`whole_chunk`, inlined (once per upstream read)
-        size = len(data) - eol - 4
-        if eol > 0 and size > 0 and data.endswith(b"\r\n") and data.startswith(
-                _SIZE_LINES[size] if size < 4096 else b"%x\r\n" % size):
-            return eol + 2
-        return -1
+        return whole_chunk(data) if self.between else -1
 
     def feed(self, data: bytes) -> bytes:
         """Decode ``data``; raise ``ValueError`` on malformed framing."""
@@ -153,6 +149,7 @@ class ChunkedDecoder:
                 state = _DATA if self._left else _TRAILER
         self._state = state
         self._buf = buf[pos:] if pos < end else b""
+        self.between = state == _SIZE and not self._buf
         return out[0] if len(out) == 1 else b"".join(out)
 
 

@@ -78,8 +78,11 @@ class Ledger:
         width = int(self.capacity.max())
         self.slot_rid = np.full((g_count, width), -1, dtype=np.int64)
         self.slot_prompt = np.zeros((g_count, width), dtype=np.int64)
-        self.slot_age = np.zeros((g_count, width), dtype=np.int64)
-        self.loads = np.zeros(g_count, dtype=np.int64)
+        # a_i and L_g as last brought up to date: the relay's per-token progress only notes the
+        # ticket (_grown); the loads and slot_age views apply what grew since (_flush)
+        self._slot_age = np.zeros((g_count, width), dtype=np.int64)
+        self._loads = np.zeros(g_count, dtype=np.int64)
+        self._grown: set[Ticket] = set()
         self.num_active = np.zeros(g_count, dtype=np.int64)
         self.available = np.ones(g_count, dtype=bool)
         self.pool: list[Ticket] = []
@@ -102,6 +105,30 @@ class Ledger:
     def num_replicas(self) -> int:
         """G."""
         return int(self.capacity.shape[0])
+
+    @property
+    def loads(self) -> np.ndarray:
+        """L_g = Σ_{i on g} (s_i + a_i) (G,), up to the last token relayed."""
+        if self._grown:
+            self._flush()
+        return self._loads
+
+    @property
+    def slot_age(self) -> np.ndarray:
+        """a_i of the request in each slot (G, B), 0 for a free slot."""
+        if self._grown:
+            self._flush()
+        return self._slot_age
+
+    def _flush(self) -> None:
+        """Apply the growth :meth:`progress` noted since the last flush to ``slot_age`` and
+        ``loads`` (once per ticket and flush instead of once per relayed token)."""
+        grown, self._grown = self._grown, set()
+        age, loads = self._slot_age, self._loads
+        for t in grown:  # every noted ticket is active: _release drops it from the set
+            g, slot = t.replica, t.slot
+            loads[g] += t.age - age[g, slot]
+            age[g, slot] = t.age
 
     @property
     def in_flight(self) -> int:
@@ -171,11 +198,10 @@ class Ledger:
         """Decode reported a_i = ``completion_tokens``: L_g grows by the new tokens."""
         if ticket.state != "active" or completion_tokens <= ticket.age:
             return
-        grown = int(completion_tokens) - ticket.age
-        ticket.age = int(completion_tokens)
-        self.relayed += grown
-        self.slot_age[ticket.replica, ticket.slot] = ticket.age
-        self.loads[ticket.replica] += grown
+        completion_tokens = int(completion_tokens)
+        self.relayed += completion_tokens - ticket.age
+        ticket.age = completion_tokens
+        self._grown.add(ticket)  # loads and slot_age follow at the next read (_flush)
 
     def set_prompt(self, ticket: Ticket, prompt_len: int) -> None:
         """Replace an estimated s_i by the value decode reported."""
@@ -183,7 +209,7 @@ class Ledger:
         if prompt_len == ticket.prompt_len:
             return
         if ticket.state == "active":
-            self.loads[ticket.replica] += prompt_len - ticket.prompt_len
+            self._loads[ticket.replica] += prompt_len - ticket.prompt_len
             self.slot_prompt[ticket.replica, ticket.slot] = prompt_len
         ticket.prompt_len = prompt_len
 
@@ -286,16 +312,17 @@ class Ledger:
         ticket.age = 0
         self.slot_rid[g, slot] = ticket.rid
         self.slot_prompt[g, slot] = ticket.prompt_len
-        self.slot_age[g, slot] = 0
-        self.loads[g] += ticket.prompt_len
+        self._slot_age[g, slot] = 0
+        self._loads[g] += ticket.prompt_len
         self.num_active[g] += 1
 
     def _release(self, ticket: Ticket) -> None:
         g, slot = ticket.replica, ticket.slot
-        self.loads[g] -= ticket.prompt_len + ticket.age
+        self._grown.discard(ticket)
+        self._loads[g] -= ticket.prompt_len + self._slot_age[g, slot]  # what the loads hold of it
         self.num_active[g] -= 1
         self.slot_rid[g, slot] = -1
         self.slot_prompt[g, slot] = 0
-        self.slot_age[g, slot] = 0
+        self._slot_age[g, slot] = 0
         ticket.replica = ticket.slot = -1
         ticket.age = 0

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 
 from .asgi import Downstream
-from .event_scan import scan
+from .event_scan import scan, scan_read
 from .ledger import Ticket
 from .protocol import SSE_DONE, ClientRequest, error_body, public_reason, sse
 from .relay import DecodeStream, Event, StreamBroken, Write
@@ -177,22 +177,24 @@ class StreamRelay:
         if done:
             self._finish("ok")
 
-    def on_frame(self, data: bytes, start: int) -> bool:
-        """One whole upstream chunk ``data`` (payload ``data[start:-2]``) holding exactly one
-        event in vLLM's compact form (:meth:`_fast_event`): recorded and written to the client
-        as one chunk, the chunk as it came when the client keeps the usage; ``False``,
-        untouched, for anything else (:meth:`on_body` then gets the payload)."""
+    def on_frame(self, data: bytes) -> bool:
+        """One upstream read ``data`` that is exactly one whole chunk holding one event in vLLM's
+        compact form (:func:`~.event_scan.scan_chunk`): recorded and written to the client as one
+        chunk, the chunk as it came when the client keeps the usage; ``False``, untouched, for
+        anything else (the read is then decoded and :meth:`on_body` gets the payload)."""
         write = self._raw_write
         if write is None:
             write = self._raw_write = self._down.chunk_writer()  # type: ignore[union-attr]
             if write is None:
                 return False
-        if not data.endswith(b"\n\n\r\n") or self.stream._buf or not self.ticket.prompt_checked:
+        if self.stream._buf or not self.ticket.prompt_checked:
             return False
         try:
-            at = self._fast_event(data, start, len(data) - 4)
-            if at < 0:
+            hit = scan_read(data)
+            if hit is None:
                 return False
+            start, done, at, finished = hit
+            self._record(done, finished)
             if self.continuous:
                 write(data)
             elif self.include_usage:
@@ -271,13 +273,16 @@ class StreamRelay:
         hit = scan(data, start, stop)
         if hit is None:
             return -1
-        done, at, finished = hit
+        self._record(hit[0], hit[2])
+        return hit[1]
+
+    def _record(self, done: int, finished: bool) -> None:
+        """A fast-path event's a_i = ``done`` and whether it finished."""
         ticket = self.ticket
         if done > ticket.age:
             self._progress(ticket, done)
         if finished:
             self.stream.finished = True
-        return at
 
     def on_end(self) -> None:
         """The upstream body ended."""

@@ -155,9 +155,10 @@ class BodySink(Protocol):
     def on_error(self, exc: UpstreamError) -> None:
         """The body broke: connection lost, bad framing, or the read timeout."""
 
-    # optional: ``on_frame(data, start) -> bool`` — ``data`` is exactly one whole chunk (its
-    # payload ``data[start:-2]``), as read from the socket; ``True`` when the sink took it
-    # (else the chunk is decoded and given to ``on_body``)
+    # optional: ``on_frame(data) -> bool`` — ``data`` is one read from the socket while the
+    # chunked decoder is between chunks; ``True`` when the sink took it, which it may only when
+    # ``data`` is exactly one whole chunk (:func:`~.http1.whole_chunk`) — else the read is
+    # decoded and its payload given to ``on_body``
 
 
 class UpstreamResponse:
@@ -183,7 +184,7 @@ class UpstreamResponse:
         self.complete = self._left == 0 or status in (204, 304)
         self._rest = rest
         self._sink: BodySink | None = None
-        self._on_frame: Callable[[bytes, int], bool] | None = None
+        self._on_frame: Callable[[bytes], bool] | None = None
 
     async def read(self) -> bytes:
         """The next body bytes (``b""`` once the body has ended)."""
@@ -274,20 +275,16 @@ class UpstreamResponse:
             transport.resume_reading()
 
     def pushed(self, data: bytes) -> None:
-        """Bytes from the socket in push mode: a read of exactly one whole chunk goes to the
-        sink's ``on_frame`` first, when it has one (it may take the framed bytes as they are)."""
+        """Bytes from the socket in push mode: a read that starts a chunk goes to the sink's
+        ``on_frame`` first, when it has one (it takes a whole chunk as it came, or declines)."""
         on_frame = self._on_frame
-        start = self._decoder.whole_chunk(data) if on_frame is not None else -1  # type: ignore[union-attr]
-        if start > 0:  # one whole chunk: the decoder would return its payload, state unchanged
-            if on_frame(data, start):  # type: ignore[misc]
-                return
-            out = data[start:-2]
-        else:
-            try:
-                out = self._take(data)
-            except UpstreamError as exc:
-                self._end_push(exc)
-                return
+        if on_frame is not None and self._decoder.between and on_frame(data):  # type: ignore[union-attr]
+            return  # one whole chunk: the decoder would have returned its payload, state unchanged
+        try:
+            out = self._take(data)
+        except UpstreamError as exc:
+            self._end_push(exc)
+            return
         sink = self._sink
         if out:
             if sink is None:  # draining after close(drain=True): nothing more was expected

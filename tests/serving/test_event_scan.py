@@ -103,4 +103,60 @@ def test_the_rule_is_compiled_where_a_compiler_is() -> None:
     assert event_scan.compiled is not None, (
         "a C compiler is here but serving/_event_scan.c was not built: its optional build failed "
         "(`pip install -e . -v` shows why) and the relay runs the Python rule")
-    assert event_scan.scan is event_scan.compiled
+    assert event_scan.scan is event_scan.compiled and event_scan.scan_read is event_scan.compiled_chunk
+
+
+CHUNK_RULES = [pytest.param(event_scan.scan_chunk, id="python")]
+if event_scan.compiled_chunk is not None:
+    CHUNK_RULES.append(pytest.param(event_scan.compiled_chunk, id="compiled"))
+
+
+def chunk(payload: bytes, size_line: bytes | None = None) -> bytes:
+    return (b"%x" % len(payload) if size_line is None else size_line) + b"\r\n" + payload + b"\r\n"
+
+
+@pytest.mark.parametrize("rule", CHUNK_RULES)
+def test_chunk_worked_examples(rule) -> None:
+    """One read that is one whole chunk of one compact event: where its payload starts, then
+    the event's answer; any other framing is the decoder's (``None``)."""
+    payload = event(57) + b"\n\n"
+    data = chunk(payload)
+    start = data.index(b"\r\n") + 2
+    assert rule(data) == (start, 57, data.index(b',"usage":{'), False)
+    assert rule(chunk(event(9, "stop") + b"\n\n"))[1:4:2] == (9, True)
+    for bad in (chunk(payload, b"%X" % len(payload)),  # upper-case hex: not the servers' form
+                chunk(payload, b"0%x" % len(payload)),  # a leading zero
+                chunk(payload, b"%x" % (len(payload) + 1)),  # a size that is not the payload's
+                chunk(payload, b"%x;ext=1" % len(payload)),  # a chunk extension
+                chunk(payload)[:-1],  # the chunk not whole yet
+                chunk(payload) + chunk(payload),  # two chunks in one read
+                chunk(event(57) + b"\n"), chunk(event(57)),  # no blank line after the event
+                chunk(event(57) + b"\n\n" + event(58) + b"\n\n"),  # two events in one chunk
+                chunk(b"data: [DONE]\n\n"), b"0\r\n\r\n", b"", b"\r\n"):
+        assert rule(bad) is None, bad
+
+
+@st.composite
+def reads(draw: st.DrawFn) -> bytes:
+    """Upstream reads: a valid token event or a generated one (:func:`events`), in the servers'
+    chunk framing or a near miss of it (about a third of the reads are taken)."""
+    if draw(st.booleans()):
+        payload = event(draw(st.integers(0, 10**6)), draw(st.sampled_from([None, "stop"]))) + b"\n\n"
+    else:
+        data, start, stop = draw(events())
+        payload = draw(st.sampled_from([data, data[max(start, 0):], data[max(start, 0):] + b"\n\n"]))
+    size = len(payload) + draw(st.sampled_from([0] * 6 + [-1, 1, -len(payload)]))
+    good = b"%x" % size
+    line = draw(st.sampled_from([good] * 6 + [b"%X" % size, b"0" + good, good + b" ;a", b"",
+                                              b"%x" % (size + 16**16)]))
+    read = line + b"\r\n" + payload + b"\r\n"
+    cut = draw(st.sampled_from([None] * 6 + [-1, 1, 3]))
+    return read if cut is None else read[:cut] if cut < 0 else read[cut:]
+
+
+@pytest.mark.skipif(event_scan.compiled_chunk is None, reason="the compiled rule is not built here (no C "
+                    "compiler at install): the relay runs the Python rule, checked above")
+@settings(max_examples=3000, deadline=None)
+@given(reads())
+def test_compiled_chunk_rule_agrees_with_python(data: bytes) -> None:
+    assert event_scan.compiled_chunk(data) == event_scan.scan_chunk(data)

@@ -338,7 +338,7 @@ def _through(path: str, data: bytes, include_usage: bool, continuous: bool) -> t
     try:
         if path == "frame":
             framed = frame(data)
-            took = relay.on_frame(framed, framed.index(b"\r\n") + 2)
+            took = relay.on_frame(framed)
             if not took:
                 relay.on_body(data)
         elif path == "body":
@@ -394,12 +394,12 @@ def test_the_fast_path_takes_vllms_compact_token_events_only() -> None:
     loop.close()
     event = tokens(3)[2]
     relay._down = sink = _Sink()
-    assert relay.on_frame(frame(event), frame(event).index(b"\r\n") + 2)
+    assert relay.on_frame(frame(event))
     assert sink.out == [event.replace(b'"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}',
                                       b'"usage":null')]
     assert relay.ticket.age == 3 and relay.stream.finished
     usage_only = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}'
     for other in (usage_only, chunk(" a", 1)[:-2], b"data: [DONE]", event[:-2] + b"\n" + event[:-2]):
         framed = frame(other + b"\n\n")
-        assert not relay.on_frame(framed, framed.index(b"\r\n") + 2)
+        assert not relay.on_frame(framed)
     assert len(sink.out) == 1
