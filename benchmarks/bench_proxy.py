@@ -356,7 +356,8 @@ def _routers(mapping: dict[str, Any], exe: str | None, floor: bool = False,
 
 def bench_peer(quick: bool, exe: str | None, floor: bool = False, uvicorn: bool = False, *,
                rounds: int | None = None, seconds: float | None = None,
-               cpu_only: bool = False, baseline: tuple[str, list[str]] | None = None) -> dict[str, Any]:
+               cpu_only: bool = False, baseline: tuple[str, list[str]] | None = None,
+               tokens: int = 200) -> dict[str, Any]:
     """balanceroute serve and vllm-router, one after the other, in front of the same emulated
     decode cluster (G = 4, 20 ms steps), in rounds (direct, ours, peer; 3 rounds, 1 with
     ``quick``): added latency at 16 streams against the same round's direct read (chunks
@@ -370,7 +371,9 @@ def bench_peer(quick: bool, exe: str | None, floor: bool = False, uvicorn: bool 
     the same one); ``cpu_only`` skips the latency rounds. The per-round ratio of our CPU per token
     to the peer's is kept too (its median and range: the load moves both routers of a round
     alike, less so rounds apart). ``baseline`` (revision, CLI command of :func:`baseline_build`)
-    adds our proxy at that revision as a column, with its per-round ratio to ours."""
+    adds our proxy at that revision as a column, with its per-round ratio to ours. ``tokens``:
+    the length of the CPU rows' streams (200; ``2`` makes the per-request work the main cost, and
+    the row *CPU per request* its figure)."""
     seconds = seconds if seconds is not None else 4.0 if quick else 10.0
     rounds = rounds if rounds is not None else 1 if quick else 3
     cpu = max(os.sched_getaffinity(0))
@@ -407,23 +410,26 @@ def bench_peer(quick: bool, exe: str | None, floor: bool = False, uvicorn: bool 
                 with _retrying(start) as (url, proc):
                     pin(proc.pid, cpu)
                     before = cpu_seconds(proc.pid)
-                    chunks, tokens, elapsed = asyncio.run(_closed_loop(url, 64, 200, seconds))
+                    chunks, relayed, elapsed = asyncio.run(_closed_loop(url, 64, tokens, seconds))
                     used = cpu_seconds(proc.pid) - before
                 if cpu_only:
                     runs.setdefault(name, []).append(dict.fromkeys(("p50_ms", "p99_ms", "added_p50_ms",
                                                                      "added_p99_ms"), nan))
-                runs[name][k].update(cpu_s=used, tokens=tokens, chunks=chunks, elapsed_s=elapsed,
-                                     load=os.getloadavg()[0])
+                runs[name][k].update(cpu_s=used, tokens=relayed, chunks=chunks, elapsed_s=elapsed,
+                                     requests=relayed // tokens, load=os.getloadavg()[0])
     out: dict[str, Any] = {"pinned_cpu": cpu, "seconds": seconds, "rounds": rounds, "latency_streams": 16,
+                           "tokens_per_stream": tokens,
                            "cpu_streams": 64, "runs": runs, "direct_runs": direct_runs,
                            "direct": {k: float(np.median([r[k] for r in direct_runs])) for k in ("p50_ms", "p99_ms")},
                            "routers": {}, "load_average": {"min": min(loads), "max": max(loads),
                                                             "end": os.getloadavg()[0]}}
     for name, rs in runs.items():
-        used, tokens, chunks, elapsed = (sum(r[k] for r in rs) for k in ("cpu_s", "tokens", "chunks", "elapsed_s"))
+        used, relayed, chunks, elapsed, requests = (sum(r[k] for r in rs) for k in (
+            "cpu_s", "tokens", "chunks", "elapsed_s", "requests"))
         out["routers"][name] = {
             **{k: float(np.median([r[k] for r in rs])) for k in ("p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms")},
-            "tokens_per_chunk": tokens / chunks, "cpu_us_per_token": 1e6 * used / tokens,
+            "tokens_per_chunk": relayed / chunks, "cpu_us_per_token": 1e6 * used / relayed,
+            "cpu_ms_per_request": 1e3 * used / requests,
             "chunks_per_cpu_s": chunks / used, "chunks_s": chunks / elapsed, "core_share": used / elapsed}
     ours, peer = out["routers"]["balanceroute"], out["routers"].get("vllm-router")
     out["targets"] = {"chunks_per_cpu_s >= 50000": ours["chunks_per_cpu_s"] >= 50_000}
@@ -451,6 +457,7 @@ def print_peer(result: dict[str, Any], exe: str | None) -> None:
     columns = [result["routers"].get(n) for n in names]
     rows = [
         ("proxy CPU per relayed token (µs)", "cpu_us_per_token", "{:.1f}"),
+        (f"proxy CPU per request of {result['tokens_per_stream']} tokens (ms)", "cpu_ms_per_request", "{:.3f}"),
         ("chunks/s ceiling, one core", "chunks_per_cpu_s", "{:,.0f}"),
         ("  measured chunks/s (share of its core)", None, ""),
         ("added per-token latency P50, 16 streams (ms)", "added_p50_ms", "{:+.2f}"),
@@ -541,6 +548,8 @@ def main() -> int:
                         help="peer section: seconds per router per round (default 10; --quick 4)")
     parser.add_argument("--cpu-only", action="store_true",
                         help="peer section: only the CPU rows (no latency rounds)")
+    parser.add_argument("--tokens", type=int, default=200,
+                        help="peer section: tokens per stream in the CPU rows (2: the per-request work)")
     parser.add_argument("--baseline", metavar="REV", default=None,
                         help="peer section: also measure our proxy at git revision REV of this "
                              "repository (installed into a scratch directory, compiled parts and "
@@ -550,6 +559,8 @@ def main() -> int:
                              "`make bench-venv` installs it); the section runs without it")
     args = parser.parse_args()
     exe = args.vllm_router if os.access(args.vllm_router, os.X_OK) else None
+    if args.tokens < 1:
+        parser.error(f"--tokens {args.tokens}: a stream needs at least one token")
     result: dict[str, Any] = {}
     if args.section in ("overhead", "all"):
         result["overhead"] = bench_overhead(args.quick)
@@ -559,7 +570,8 @@ def main() -> int:
             if args.baseline:
                 baseline = (args.baseline, stack.enter_context(baseline_build(args.baseline)))
             result["peer"] = bench_peer(args.quick, exe, args.floor, args.uvicorn, rounds=args.rounds,
-                                        seconds=args.seconds, cpu_only=args.cpu_only, baseline=baseline)
+                                        seconds=args.seconds, cpu_only=args.cpu_only, baseline=baseline,
+                                        tokens=args.tokens)
     if args.section in ("policies", "all"):
         result["policies"] = bench_policies(args.quick, args.repeats)
     if args.json:

@@ -84,7 +84,8 @@ class Ledger:
         self._loads = np.zeros(g_count, dtype=np.int64)
         self._grown: set[Ticket] = set()
         self.num_active = np.zeros(g_count, dtype=np.int64)
-        self.available = np.ones(g_count, dtype=bool)
+        self.available = np.ones(g_count, dtype=bool)  # (changed by set_available only)
+        self._in_service = g_count  # replicas available: admit's check without a numpy call
         self.pool: list[Ticket] = []
         self.prefilling = 0
         self.accepted = 0
@@ -148,7 +149,7 @@ class Ledger:
     def admit(self, request_id: str, *, endpoint: str = "", now: float = 0.0) -> Ticket:
         """Accept a new request (state ``admitted``); raises :class:`PoolFull` or
         :class:`NoReplica`."""
-        if not self.available.any():
+        if not self._in_service:
             raise NoReplica("no decode replica is in service")
         if self.prefilling + len(self.pool) >= self.pool_capacity:
             raise PoolFull(f"{self.prefilling + len(self.pool)} requests are already waiting")
@@ -259,6 +260,7 @@ class Ledger:
     def set_available(self, replica: int, available: bool) -> None:
         """Take replica ``replica`` out of service (0 free slots to the policy) or back."""
         self.available[replica] = available
+        self._in_service = int(np.count_nonzero(self.available))
 
     # ------------------------------------------------------------------- tick
     def build_tick(self, now: float) -> tuple[ClusterState, PoolView] | None:
