@@ -79,7 +79,7 @@ class Ledger:
         self.slot_rid = np.full((g_count, width), -1, dtype=np.int64)
         self.slot_prompt = np.zeros((g_count, width), dtype=np.int64)
         # a_i and L_g as last brought up to date: the relay's per-token progress only notes the
-        # ticket (_grown); the loads and slot_age views apply what grew since (_flush)
+        # ticket (_grown); settle() applies what grew since, the loads and slot_age views show it
         self._slot_age = np.zeros((g_count, width), dtype=np.int64)
         self._loads = np.zeros(g_count, dtype=np.int64)
         self._grown: set[Ticket] = set()
@@ -109,21 +109,37 @@ class Ledger:
 
     @property
     def loads(self) -> np.ndarray:
-        """L_g = Σ_{i on g} (s_i + a_i) (G,), up to the last token relayed."""
-        if self._grown:
-            self._flush()
-        return self._loads
+        """L_g = Σ_{i on g} (s_i + a_i) (G,), up to the last token relayed. Reading changes
+        nothing (a copy while relayed growth is not settled yet: see :meth:`settle`)."""
+        if not self._grown:
+            return self._loads
+        loads = self._loads.copy()
+        for g, slot, age in self._unsettled():
+            loads[g] += age - self._slot_age[g, slot]
+        return loads
 
     @property
     def slot_age(self) -> np.ndarray:
-        """a_i of the request in each slot (G, B), 0 for a free slot."""
-        if self._grown:
-            self._flush()
-        return self._slot_age
+        """a_i of the request in each slot (G, B), 0 for a free slot (as :attr:`loads`: a copy
+        while growth is unsettled)."""
+        if not self._grown:
+            return self._slot_age
+        ages = self._slot_age.copy()
+        for g, slot, age in self._unsettled():
+            ages[g, slot] = age
+        return ages
 
-    def _flush(self) -> None:
-        """Apply the growth :meth:`progress` noted since the last flush to ``slot_age`` and
-        ``loads`` (once per ticket and flush instead of once per relayed token)."""
+    def _unsettled(self) -> list[tuple[int, int, int]]:
+        """(replica, slot, a_i) of the requests whose growth is noted but not settled."""
+        return [(t.replica, t.slot, t.age) for t in tuple(self._grown)  # (one C call: a snapshot)
+                if t.state == "active" and t.replica >= 0]
+
+    def settle(self) -> None:
+        """Apply the growth :meth:`progress` noted since the last settle to ``slot_age`` and
+        ``loads`` — once per request and tick instead of once per relayed token. Called where the
+        ledger is changed (the event loop): the tick, before its inputs are built."""
+        if not self._grown:
+            return
         grown, self._grown = self._grown, set()
         age, loads = self._slot_age, self._loads
         for t in grown:  # every noted ticket is active: _release drops it from the set
@@ -142,7 +158,8 @@ class Ledger:
 
     def imbalance(self) -> int:
         """I = G·M − Σ_g L_g on the current loads."""
-        loads = self.loads.tolist()  # (Python ints: per tick, cheaper than two numpy reductions)
+        self.settle()
+        loads = self._loads.tolist()  # (Python ints: per tick, cheaper than two numpy reductions)
         return len(loads) * max(loads) - sum(loads)
 
     # ------------------------------------------------------------ transitions
@@ -202,7 +219,7 @@ class Ledger:
         completion_tokens = int(completion_tokens)
         self.relayed += completion_tokens - ticket.age
         ticket.age = completion_tokens
-        self._grown.add(ticket)  # loads and slot_age follow at the next read (_flush)
+        self._grown.add(ticket)  # into loads and slot_age at the next settle (the tick)
 
     def set_prompt(self, ticket: Ticket, prompt_len: int) -> None:
         """Replace an estimated s_i by the value decode reported."""
@@ -267,14 +284,15 @@ class Ledger:
         """The policy's inputs, or ``None`` when the pool is empty or no slot is free."""
         if not self.pool:  # (first: a finished request wakes the tick with the pool empty)
             return None
+        self.settle()
         free = self.free_slots()
         if not np.count_nonzero(free):
             return None
         rows, cols = np.nonzero(self.slot_rid >= 0)
         state = ClusterState(
-            loads=self.loads.copy(), free_slots=free, num_active=self.num_active.copy(),
+            loads=self._loads.copy(), free_slots=free, num_active=self.num_active.copy(),
             step=self.step, now=now, active_replica=rows.astype(np.int64, copy=False),
-            active_prompt=self.slot_prompt[rows, cols], active_age=self.slot_age[rows, cols],
+            active_prompt=self.slot_prompt[rows, cols], active_age=self._slot_age[rows, cols],
             active_ids=self.slot_rid[rows, cols],
         )
         if self.reconcile is not None:  # engine-reported state (serving/signals.py): the one hook

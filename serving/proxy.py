@@ -419,6 +419,7 @@ class Proxy:
         g = ticket.replica
         interval = self._token_clock.interval(ticket.rid, done, time.monotonic())
         if interval is not None and g is not None and g >= 0:
+            self.ledger.settle()  # (the fit reads L_g as of this token: no copy of the loads)
             self.speed_fit.observe(g, interval, float(self.ledger.loads[g]),  # type: ignore[union-attr]
                                    int(self.ledger.num_active[g]))
         self.ledger.progress(ticket, done)

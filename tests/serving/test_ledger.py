@@ -43,10 +43,10 @@ def test_tick_builds_the_policy_view_and_applies_it() -> None:
 
 
 def test_tokens_relayed_between_two_reads_are_counted_once_whatever_comes_next() -> None:
-    """The relay notes a_i per token; the loads take it in when read. A ticket that grows and
-    then finishes, is requeued or has its prompt corrected before anyone reads the loads leaves
-    them exactly as if every token had been applied at once (worked example: s = 10, 20, 30 on
-    one replica; a = 4, 6, 9 without a read)."""
+    """The relay notes a_i per token; the tick settles it into the loads. A ticket that grows
+    and then finishes, is requeued or has its prompt corrected before a settle leaves the loads
+    exactly as if every token had been applied at once, and reading them (a view) changes
+    nothing (worked example: s = 10, 20, 30 on one replica; a = 4, 6, 9, unsettled)."""
     led = Ledger([3], pool_capacity=3)
     a, b, c = (led.admit(r) for r in "abc")
     for t, s in zip((a, b, c), (10, 20, 30), strict=True):
@@ -54,11 +54,14 @@ def test_tokens_relayed_between_two_reads_are_counted_once_whatever_comes_next()
     assert len(ledger_tick(led, get_policy("round_robin"), now=0.0)) == 3
     for t, k in ((a, 2), (a, 4), (b, 6), (c, 9)):
         led.progress(t, k)
-    led.finish(a, "ok")  # 10 + 4 leaves with a's unread tokens
-    led.set_prompt(b, 25)  # 20 -> 25, b's 6 tokens unread
+    led.finish(a, "ok")  # 10 + 4 leaves with a's unsettled tokens
+    led.set_prompt(b, 25)  # 20 -> 25, b's 6 tokens unsettled
     assert led.relayed == 19
     assert led.loads.tolist() == [25 + 6 + 30 + 9]
     assert sorted(led.slot_age[0].tolist()) == [0, 6, 9]
+    assert led._loads.tolist() == [25 + 30]  # (the views did not settle anything)
+    led.settle()
+    assert led._loads.tolist() == [25 + 6 + 30 + 9] and led.loads is led._loads
     led.progress(c, 12)
     led.requeue(c)  # (the ledger does not check "before the first token"; the loads must hold)
     assert led.loads.tolist() == [31] and led.slot_age[0].tolist().count(12) == 0
@@ -125,8 +128,9 @@ def test_set_prompt_corrects_an_estimate() -> None:
 def test_random_operations_keep_the_accounting(ops, policy_name) -> None:
     """Whatever happens, L_g = Σ (s_i + a_i) over the tickets active on g, n_g ≤ B_g, and once
     every ticket is finished everything is zero and each was counted once. The loads are read
-    after some operations only: progress is applied to them when they are read, so growth left
-    unread across a finish, a requeue or a corrected prompt is covered too."""
+    after some operations only and settled by the ticks (or on their own), so growth not yet
+    settled across a finish, a requeue or a corrected prompt is covered, and the unsettled view
+    equals the settled state."""
     led = Ledger([3, 2, 4], pool_capacity=6)
     policy = get_policy(policy_name)
     now = 0.0
@@ -156,6 +160,10 @@ def test_random_operations_keep_the_accounting(ops, policy_name) -> None:
             led.set_available(x % 3, not led.available[x % 3])
         elif op == "set_prompt" and pick is not None:
             led.set_prompt(pick, 1 + x // 3)
+        elif op == "settle":  # the view before equals the settled state after
+            view, ages = led.loads.tolist(), led.slot_age.tolist()
+            led.settle()
+            assert led.loads.tolist() == view and led.slot_age.tolist() == ages
         active = [t for t in led.tickets.values() if t.state == "active"]
         if x % 4 == 1:  # (reading the loads applies the progress noted since the last read)
             expect = np.zeros(3, dtype=np.int64)
