@@ -75,18 +75,35 @@ class _LedgerCollector:
             yield fam
 
 
+class _Labelled:
+    """A labelled metric whose ``labels(...)`` children are kept: prometheus_client looks each
+    one up under a lock per call, and the request path asks for the same few per request."""
+
+    __slots__ = ("metric", "_children")
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def labels(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.metric.labels(*values)
+        return child
+
+
 class ProxyMetrics:
     """The proxy's metric families on their own :class:`CollectorRegistry`."""
 
     def __init__(self, ledger: Ledger, replica_labels: list[str] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("balanceroute_requests", "Requests ended, by endpoint and outcome.",
-                                ["endpoint", "outcome"], registry=self.registry)
-        self.accepted = Counter("balanceroute_requests_accepted", "Requests accepted into the pool path.",
-                                ["endpoint"], registry=self.registry)
-        self.errors = Counter("balanceroute_errors", "Errors by kind.", ["kind"], registry=self.registry)
-        self.retries = Counter("balanceroute_retries", "Upstream attempts retried, by stage.", ["stage"],
-                               registry=self.registry)
+        self.requests = _Labelled(Counter("balanceroute_requests", "Requests ended, by endpoint and outcome.",
+                                ["endpoint", "outcome"], registry=self.registry))
+        self.accepted = _Labelled(Counter("balanceroute_requests_accepted", "Requests accepted into the pool path.",
+                                ["endpoint"], registry=self.registry))
+        self.errors = _Labelled(Counter("balanceroute_errors", "Errors by kind.", ["kind"], registry=self.registry))
+        self.retries = _Labelled(Counter("balanceroute_retries", "Upstream attempts retried, by stage.", ["stage"],
+                               registry=self.registry))
         self.tick = Histogram("balanceroute_tick_seconds", "Duration of a scheduling tick (policy included).",
                               buckets=_TICK_BUCKETS, registry=self.registry)
         self.pool_wait = Histogram("balanceroute_pool_wait_seconds", "Time from prefill done to decode slot.",
@@ -96,14 +113,14 @@ class ProxyMetrics:
         self.tpot = Histogram("balanceroute_tpot_seconds", "Mean time per output token after the first, "
                               "one observation per request that ended ok.", buckets=_TPOT_BUCKETS,
                               registry=self.registry)
-        self.engine_reads = Counter("balanceroute_engine_reads", "Engine-state reads (docs/engine-state.md) "
+        self.engine_reads = _Labelled(Counter("balanceroute_engine_reads", "Engine-state reads (docs/engine-state.md) "
                                     "by source, server and result (ok / failed; a failed read leaves the "
                                     "server's replicas on the ledger once their last report is stale).",
-                                    ["source", "server", "result"], registry=self.registry)
-        self.ejections = Counter("balanceroute_ejections", "Outlier ejections, by stage and reason.",
-                                 ["stage", "reason"], registry=self.registry)
-        self.poison = Counter("balanceroute_poison_requests", "Requests that failed on several hosts "
-                              "(their failures eject nobody), by stage.", ["stage"], registry=self.registry)
+                                    ["source", "server", "result"], registry=self.registry))
+        self.ejections = _Labelled(Counter("balanceroute_ejections", "Outlier ejections, by stage and reason.",
+                                 ["stage", "reason"], registry=self.registry))
+        self.poison = _Labelled(Counter("balanceroute_poison_requests", "Requests that failed on several hosts "
+                              "(their failures eject nobody), by stage.", ["stage"], registry=self.registry))
         self._ledger, self._labels = ledger, replica_labels
 
     @property
