@@ -80,8 +80,6 @@ static int scan(const char *s, Py_ssize_t len, Py_ssize_t start, Py_ssize_t stop
             return 0;
         }
     }
-    if (done == NULL)
-        return -1;
     *done_out = done;
     *at_out = at;
     *finished_out = f >= 0 && s[f + 16] == '"';

@@ -84,17 +84,12 @@ class ChunkedDecoder:
         """Whether the terminating chunk and the trailers have been read."""
         return self._state == _DONE
 
-    def whole_chunk(self, data: bytes) -> int:
-        """:func:`whole_chunk` of ``data`` when nothing is half-read (else -1); ``data`` is not
-        consumed — feed it unless the caller has taken the chunk whole."""
-        return whole_chunk(data) if self.between else -1
-
     def feed(self, data: bytes) -> bytes:
         """Decode ``data``; raise ``ValueError`` on malformed framing."""
         if self._state == _DONE:
             self.extra += data
             return b""
-        if self._state == _SIZE and not self._buf:  # fast path: exactly one whole chunk
+        if self.between:  # fast path: exactly one whole chunk
             start = whole_chunk(data)
             if start > 0:
                 return data[start:-2]

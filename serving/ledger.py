@@ -29,6 +29,8 @@ from balanceroute.core.state import Assignment, ClusterState, PoolView
 
 __all__ = ["Ledger", "NoReplica", "PoolFull", "Ticket"]
 
+_SETTLE_LOOP = 32  # up to this many requests settle one by one, more in numpy (Ledger.settle)
+
 
 class PoolFull(Exception):
     """The pool (prefilling + pooled requests) is at capacity."""
@@ -142,10 +144,18 @@ class Ledger:
             return
         grown, self._grown = self._grown, set()
         age, loads = self._slot_age, self._loads
-        for t in grown:  # every noted ticket is active: _release drops it from the set
-            g, slot = t.replica, t.slot
-            loads[g] += t.age - age[g, slot]
-            age[g, slot] = t.age
+        if len(grown) <= _SETTLE_LOOP:  # every noted ticket is active: _release drops it from the set
+            for t in grown:
+                g, slot = t.replica, t.slot
+                loads[g] += t.age - age[g, slot]
+                age[g, slot] = t.age
+            return
+        n = len(grown)  # (many at once: a large cluster between two ticks, in numpy)
+        rows = np.fromiter((t.replica for t in grown), dtype=np.int64, count=n)
+        cols = np.fromiter((t.slot for t in grown), dtype=np.int64, count=n)
+        ages = np.fromiter((t.age for t in grown), dtype=np.int64, count=n)
+        np.add.at(loads, rows, ages - age[rows, cols])  # (rows repeat: add.at, not +=)
+        age[rows, cols] = ages  # (each slot once)
 
     @property
     def in_flight(self) -> int:

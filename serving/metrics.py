@@ -98,12 +98,12 @@ class ProxyMetrics:
     def __init__(self, ledger: Ledger, replica_labels: list[str] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = _Labelled(Counter("balanceroute_requests", "Requests ended, by endpoint and outcome.",
-                                ["endpoint", "outcome"], registry=self.registry))
+                                          ["endpoint", "outcome"], registry=self.registry))
         self.accepted = _Labelled(Counter("balanceroute_requests_accepted", "Requests accepted into the pool path.",
-                                ["endpoint"], registry=self.registry))
+                                          ["endpoint"], registry=self.registry))
         self.errors = _Labelled(Counter("balanceroute_errors", "Errors by kind.", ["kind"], registry=self.registry))
         self.retries = _Labelled(Counter("balanceroute_retries", "Upstream attempts retried, by stage.", ["stage"],
-                               registry=self.registry))
+                                         registry=self.registry))
         self.tick = Histogram("balanceroute_tick_seconds", "Duration of a scheduling tick (policy included).",
                               buckets=_TICK_BUCKETS, registry=self.registry)
         self.pool_wait = Histogram("balanceroute_pool_wait_seconds", "Time from prefill done to decode slot.",
@@ -113,14 +113,15 @@ class ProxyMetrics:
         self.tpot = Histogram("balanceroute_tpot_seconds", "Mean time per output token after the first, "
                               "one observation per request that ended ok.", buckets=_TPOT_BUCKETS,
                               registry=self.registry)
-        self.engine_reads = _Labelled(Counter("balanceroute_engine_reads", "Engine-state reads (docs/engine-state.md) "
-                                    "by source, server and result (ok / failed; a failed read leaves the "
-                                    "server's replicas on the ledger once their last report is stale).",
-                                    ["source", "server", "result"], registry=self.registry))
+        self.engine_reads = _Labelled(Counter(
+            "balanceroute_engine_reads", "Engine-state reads (docs/engine-state.md) by source, server and "
+            "result (ok / failed; a failed read leaves the server's replicas on the ledger once their last "
+            "report is stale).", ["source", "server", "result"], registry=self.registry))
         self.ejections = _Labelled(Counter("balanceroute_ejections", "Outlier ejections, by stage and reason.",
-                                 ["stage", "reason"], registry=self.registry))
+                                           ["stage", "reason"], registry=self.registry))
         self.poison = _Labelled(Counter("balanceroute_poison_requests", "Requests that failed on several hosts "
-                              "(their failures eject nobody), by stage.", ["stage"], registry=self.registry))
+                                        "(their failures eject nobody), by stage.", ["stage"],
+                                        registry=self.registry))
         self._ledger, self._labels = ledger, replica_labels
 
     @property

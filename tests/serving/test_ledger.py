@@ -70,6 +70,27 @@ def test_tokens_relayed_between_two_reads_are_counted_once_whatever_comes_next()
     assert led.loads.tolist() == [0] and not led.slot_age.any()
 
 
+@pytest.mark.parametrize("streams", [5, 120])  # one by one, and in numpy (more than 32 at once)
+def test_a_settle_applies_every_noted_token_once(streams: int) -> None:
+    """Tokens noted on many requests of a few replicas between two settles: each replica's load
+    grows by exactly its requests' tokens, each slot holds its request's a_i."""
+    led = Ledger([32, 32, 32, 32], pool_capacity=128)
+    tickets = [led.admit(f"r{i}") for i in range(streams)]
+    for i, t in enumerate(tickets):
+        led.enqueue(t, 10 + i, now=0.0, lease_s=30)
+    assert len(ledger_tick(led, get_policy("round_robin"), now=0.0)) == streams
+    before = led.loads.copy()
+    for step in range(3):
+        for i, t in enumerate(tickets):
+            led.progress(t, step + i % 7)
+    led.settle()
+    expect = before.copy()
+    for i, t in enumerate(tickets):
+        expect[t.replica] += 2 + i % 7
+        assert led.slot_age[t.replica, t.slot] == t.age == 2 + i % 7
+    assert led.loads.tolist() == expect.tolist() and led.relayed == sum(2 + i % 7 for i in range(streams))
+
+
 def test_out_of_service_replica_has_no_free_slots() -> None:
     led = Ledger([2, 2], pool_capacity=8)
     led.set_available(0, False)
