@@ -24,7 +24,7 @@ __all__ = ["announce", "kernels_cached", "warm_kernels"]
 def _entry_points() -> list:
     from balanceroute.core import _kernels, _tick_kernels
 
-    return [_tick_kernels.two_stage_kernel, _kernels.simulate_loop]
+    return [_tick_kernels.two_stage_tick, _kernels.simulate_loop]
 
 
 def kernels_cached() -> bool | None:

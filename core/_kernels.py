@@ -19,7 +19,7 @@ import numpy as np
 
 from . import _tick_kernels
 from ._jit import njit as _njit
-from ._tick_kernels import fifo_choose, two_stage_kernel
+from ._tick_kernels import fifo_choose, fill_singles, singles_apply, tick_workspace, two_stage_tick
 from .tick_contract import TWO_STAGE
 
 
@@ -92,6 +92,7 @@ def simulate_loop(
     no_growth = np.zeros((0, 1))
     # equal replicas, no KV budget (the fused loop models neither)
     lim = (np.ones(g_count), np.ones(g_count), np.zeros((g_count, 0)), np.zeros((cap, 0)))
+    work = tick_workspace(g_count, 1, cap, r_max)  # the tick's scratch, allocated once
     steps_here = 0
     while True:
         if finished >= n:
@@ -131,11 +132,18 @@ def simulate_loop(
                 for j in range(pool_n):
                     sizes[j] = float(prompt[pool[j]])
                     waited[j] = now - joined[pool[j]]
-                n_chosen = two_stage_kernel(
-                    proj, free, sizes[:pool_n], waited[:pool_n], ones, 1.0, beta, s_greedy,
-                    r_max, deadline_s, no_growth, False, False, fit_stage1, growth_steps, ttft_slo_s,
-                    True, lpt_batches, out_i, out_g, lim,
-                )
+                if singles_apply(free, waited[:pool_n], s_greedy, r_max, deadline_s):
+                    # a full cluster's tick (what two_stage_tick itself would run) without the
+                    # general tick's set-up
+                    n_chosen = fill_singles(
+                        proj, free, sizes[:pool_n], waited[:pool_n], ones, 1.0, beta, ttft_slo_s,
+                        out_i, out_g, work[13], work[12], lim[0], lim[1])
+                else:
+                    n_chosen = two_stage_tick(
+                        proj, free, sizes[:pool_n], waited[:pool_n], ones, 1.0, beta, s_greedy,
+                        r_max, deadline_s, no_growth, False, False, fit_stage1, growth_steps,
+                        ttft_slo_s, True, lpt_batches, out_i, out_g, lim, work,
+                    )
                 for t in range(n_chosen):
                     rid = pool[out_i[t]]
                     g = out_g[t]

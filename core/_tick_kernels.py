@@ -1,7 +1,11 @@
 """The numba kernels of a policy's compiled tick: the two-stage tick and the FIFO chooser.
 
-* :func:`two_stage_kernel` — the tick of :func:`~balanceroute.core.two_stage.two_stage_assign`
-  (with :func:`lpt_batch`, its check of small batches);
+* :func:`two_stage_tick` — the tick of :func:`~balanceroute.core.two_stage.two_stage_assign`
+  (with :func:`lpt_batch`, its check of small batches) on a :func:`tick_workspace` its caller
+  keeps (the fused loop one per run, ``two_stage_assign`` one per thread), so a tick allocates
+  nothing;
+* :func:`fill_singles` — that tick's decisions on a full cluster (:func:`singles_apply`: every
+  free slot on its own replica), in one pass over the pool per placement;
 * :func:`fifo_choose` — the FIFO baselines' choice of replica, by the key each one declares.
 
 The policies call them directly, and the simulator's fused loop (:mod:`._kernels`) links them
@@ -142,20 +146,70 @@ def _largest_contribution(sizes, growth, exact, cmax):  # pragma: no cover - com
 
 
 @njit
-def _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact,
-                ttft_slo_s):  # pragma: no cover - compiled
-    """A tick's constants of the pool (P ≥ 1): each request's own value lin_j = Σ_h d_h c_j(h)
-    (exact), the urgency bonus u_j, the bound ub_j, and either the bound order of the best-first
-    search (``prune``: a horizon and a valid bound) or the pool scan's ``cmax``."""
+def _median(x, buf):  # pragma: no cover - compiled
+    """``np.median(x)`` (P ≥ 1, no NaN) without allocating: a quickselect on the copy in ``buf``;
+    the same order statistics, so the same value, (a + b) / 2 for an even P as numpy and numba
+    compute it."""
+    n = x.shape[0]
+    half = n >> 1
+    up = down = True  # a pool in the order its requests joined has its waits sorted already
+    for j in range(1, n):
+        up = up and x[j - 1] <= x[j]
+        down = down and x[j - 1] >= x[j]
+    if up or down:  # (either way the middle elements are order statistics half − 1 and half)
+        return x[half] if n & 1 else (x[half - 1] + x[half]) / 2
+    for j in range(n):
+        buf[j] = x[j]
+    lo, hi = 0, n - 1
+    while lo < hi:  # Hoare's selection of buf[half]: everything left of it ≤, right of it ≥
+        pivot = buf[(lo + hi) >> 1]
+        i, j = lo, hi
+        while i <= j:
+            while buf[i] < pivot:
+                i += 1
+            while buf[j] > pivot:
+                j -= 1
+            if i <= j:
+                buf[i], buf[j] = buf[j], buf[i]
+                i += 1
+                j -= 1
+        if half <= j:
+            hi = j
+        elif half >= i:
+            lo = i
+        else:
+            break
+    upper = buf[half]
+    if n & 1:
+        return upper
+    lower = buf[0]
+    for j in range(1, half):  # the largest of the lower half: order statistic half − 1
+        if buf[j] > lower:
+            lower = buf[j]
+    return (lower + upper) / 2
+
+
+@njit
+def _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact, ttft_slo_s, lin, bonus, ub_buf,
+                cmax, order, count, spare):  # pragma: no cover - compiled
+    """A tick's constants of the pool (P ≥ 1), written into the workspace's ``lin``, ``bonus``,
+    ``ub_buf`` (P,), ``cmax`` (W,), ``order`` (2, P) and ``count`` (2,) (``spare`` (P,): the
+    median's scratch): each request's own value lin_j = Σ_h d_h c_j(h) (exact), the urgency bonus
+    u_j, the bound ub_j, and either the bound order of the best-first search (``prune``: a
+    horizon and a valid bound) or the pool scan's ``cmax``. Returns (ub, prune)."""
     n_pool = sizes.shape[0]
-    lin = np.zeros(n_pool)
     if exact:
         _values(sizes, growth, d, lin)
-    bonus = np.zeros(n_pool)
+    else:
+        for j in range(n_pool):
+            lin[j] = 0.0
+    for j in range(n_pool):
+        bonus[j] = 0.0
     # --- first-token guard's scale: min(ttft_slo_s, 2·median pool wait) (two_stage.urgency_scale)
-    mid_wait = np.median(wait) if n_pool > 0 else 0.0
-    if ttft_slo_s > 0.0 and ttft_slo_s < np.inf and mid_wait > 0.0:
-        ttft_slo_s = min(ttft_slo_s, 2.0 * mid_wait)
+    if ttft_slo_s > 0.0 and ttft_slo_s < np.inf:
+        mid_wait = _median(wait, spare) if n_pool > 0 else 0.0
+        if mid_wait > 0.0:
+            ttft_slo_s = min(ttft_slo_s, 2.0 * mid_wait)
     # --- end first-token guard's scale
     if ttft_slo_s > 0.0 and ttft_slo_s < np.inf:
         top = -np.inf
@@ -168,17 +222,16 @@ def _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact,
     if d.shape[0] == 1:  # BR-0 scans its pool (P terms per pop): no bound (``ub`` unused)
         ub = lin
     else:
-        ub = np.empty(n_pool)
+        ub = ub_buf
         for j in range(n_pool):
             ub[j] = (alpha * lin[j] if exact else ad * sizes[j]) + bonus[j]
     prune = d.shape[0] > 1 and _prunable(d, beta, ub)
-    cmax = np.empty(d.shape[0])
     if prune:
-        ranked, ranked_n = _bound_order(ub)
+        _bound_order(ub, order, count)
     else:
-        ranked, ranked_n = np.empty((2, 0), dtype=np.int64), np.zeros(2, dtype=np.int64)
+        count[0] = count[1] = 0
         _largest_contribution(sizes, growth, exact, cmax)
-    return lin, bonus, ub, prune, ranked, ranked_n, cmax
+    return ub, prune
 
 
 @njit
@@ -219,19 +272,18 @@ def _sift_down(ub, heap, n, pos):  # pragma: no cover - compiled
 
 
 @njit
-def _bound_order(ub):  # pragma: no cover - compiled
-    """The bound order, built lazily: row 0 holds its first ``count[0]`` requests, row 1 a heap
-    (``count[1]`` entries) of the rest. A tick usually reads a few dozen, so sorting all P would
-    cost more than the search; :func:`_ordered` extends the prefix on demand."""
+def _bound_order(ub, order, count):  # pragma: no cover - compiled
+    """The bound order, built lazily in ``order`` (2, ≥ P) and ``count`` (2,): row 0 holds its
+    first ``count[0]`` requests, row 1 a heap (``count[1]`` entries) of the rest. A tick usually
+    reads a few dozen, so sorting all P would cost more than the search; :func:`_ordered` extends
+    the prefix on demand."""
     n = ub.shape[0]
-    order = np.empty((2, n), dtype=np.int64)
     for j in range(n):
         order[1, j] = j
     for pos in range(n // 2 - 1, -1, -1):
         _sift_down(ub, order[1], n, pos)
-    count = np.zeros(2, dtype=np.int64)
+    count[0] = 0
     count[1] = n
-    return order, count
 
 
 @njit
@@ -652,9 +704,152 @@ def _set_score(q, n_q, sizes, growth, exact, bonus, loads, env, g, d, alpha, ad,
 
 
 @njit
+def singles_apply(free, wait, s_greedy, r_max, deadline_s):  # pragma: no cover - compiled
+    """Whether a tick with W = 1, no growth and no KV budget is :func:`fill_singles`' case: the
+    fill (``r_max = 0``), a pooled request, 1 to ``s_greedy`` free slots and no replica with two,
+    and no pooled request at the pool deadline."""
+    if r_max > 0 or wait.shape[0] == 0:
+        return False
+    total = 0
+    for g in range(free.shape[0]):
+        if free[g] > 1:
+            return False
+        total += max(free[g], 0)
+    if not 0 < total <= s_greedy:
+        return False
+    for j in range(wait.shape[0]):
+        if wait[j] >= deadline_s:
+            return False
+    return True
+
+
+@njit
+def fill_singles(loads, free, sizes, wait, d, alpha, beta, ttft_slo_s, out_i, out_g, alive, spare,
+                 w, inv_w):  # pragma: no cover - compiled
+    """The tick of a full cluster, in one pass over the pool per placement: W = 1, no growth, no
+    KV budget and :func:`singles_apply` (the fill, at most ``s_greedy`` free slots so Stage 1 and
+    the batch check idle, none two on one replica, no request at the pool deadline) — a
+    saturated cluster's tick, where each departure frees one slot. ``w``, ``inv_w``: the step-time
+    weights and their inverses (``lim[0]``, ``lim[1]``); ``alive``, ``spare`` (P,):
+    scratch. It makes the general path's
+    decisions with the general path's floating-point operations (``_pool_setup``,
+    ``_stage2_replica``, ``_pick_k``, ``_fill_proposals``' one-slot case, ``_set_score``,
+    ``_place``), without its per-tick set-up: the replica with the largest margin (ties: lower
+    index) takes the best of the largest pooled request that fits its margin, the smallest that
+    overflows it by less than the margin, and the best single request by F + u. Returns how
+    many it placed (tested against the general path and the reference)."""
+    n_rep = loads.shape[0]
+    n_pool = sizes.shape[0]
+    env = loads[0, 0]  # the envelope M̂(0)
+    free_sum = 0
+    for g in range(n_rep):
+        if loads[g, 0] > env:
+            env = loads[g, 0]
+        free_sum += free[g]
+    remaining = min(free_sum, n_pool)
+    total_d = 0.0
+    total_d += d[0]
+    ad = alpha * total_d
+    # the pool's constants (_pool_setup with BR-0's scan): θ, max_j α·Σd·s_j (u_j's scale), max_j s_j
+    if ttft_slo_s > 0.0 and ttft_slo_s < np.inf:
+        mid_wait = _median(wait, spare)
+        if mid_wait > 0.0:
+            ttft_slo_s = min(ttft_slo_s, 2.0 * mid_wait)
+    guard = ttft_slo_s > 0.0 and ttft_slo_s < np.inf
+    top = -np.inf
+    cmax = sizes[0]
+    for j in range(n_pool):
+        alive[j] = True
+        v = ad * sizes[j]
+        if v > top:
+            top = v
+        if sizes[j] > cmax:
+            cmax = sizes[j]
+    window = min(n_pool, FILL_WINDOW)
+    placed = 0
+    while placed < remaining:
+        g = -1  # _stage2_replica's choice: the largest margin, ties more free slots, lower index
+        best_m = 0.0
+        for r in range(n_rep):
+            if free[r] <= 0:
+                continue
+            m0 = env - loads[r, 0]
+            if g < 0 or m0 > best_m or (m0 == best_m and free[r] > free[g]):
+                g, best_m = r, m0
+        m = (env - loads[g, 0]) * inv_w[g]
+        scan = m < cmax  # (else no pooled request overflows: every overflow term is 0)
+        safe = int(np.floor(m)) if m > 0.0 else 0
+        hi = 2 * safe
+        quantum = 1 + hi // FILL_LEVELS
+        safe_q = safe // quantum
+        hi_q = hi // quantum
+        single = -1
+        f_single = 0.0
+        low = high = -1
+        low_w = high_w = 0
+        n_items = 0
+        for j in range(n_pool):
+            if not alive[j]:
+                continue
+            tot = 0.0
+            if scan:
+                x = sizes[j] - m
+                tot += d[0] * (x if x > 0.0 else 0.0)
+            v = (ad * sizes[j] - beta * tot) + (top * (wait[j] / ttft_slo_s) if guard else 0.0)
+            if single < 0 or v > f_single:
+                single, f_single = j, v
+            if safe > 0 and n_items < window:
+                qs = (int(np.ceil(sizes[j])) + quantum - 1) // quantum
+                if qs <= hi_q:
+                    n_items += 1
+                    if qs <= safe_q:
+                        if low < 0 or qs >= low_w:
+                            low, low_w = j, qs
+                    elif high < 0 or qs <= high_w:
+                        high, high_w = j, qs
+        best_f = -np.inf
+        best = -1
+        for i in (low, high):
+            if i < 0:
+                continue
+            urg = 0.0
+            urg += top * (wait[i] / ttft_slo_s) if guard else 0.0  # u_i
+            delta = 0.0
+            delta += sizes[i]
+            total = 0.0  # _score_one
+            x = delta - m
+            if x > 0.0:
+                total += d[0] * x
+            f = (ad * delta - beta * total) + urg
+            if f > best_f:
+                best_f, best = f, i
+        if f_single > best_f:  # (one slot: k_lo = 1)
+            best_f, best = f_single, single
+        if not best_f > 0.0:  # starvation guard: the best single request
+            best = single
+        add = sizes[best] * w[g]  # _place
+        loads[g, 0] += add
+        if add >= 0.0:
+            if loads[g, 0] > env:
+                env = loads[g, 0]
+        else:
+            env = loads[0, 0]
+            for r in range(1, n_rep):
+                if loads[r, 0] > env:
+                    env = loads[r, 0]
+        free[g] -= 1
+        alive[best] = False
+        out_i[placed] = best
+        out_g[placed] = g
+        placed += 1
+    return placed
+
+
+@njit
 def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, lin, cmax, d, alpha,
                 ad, beta, bonus, tot, f1, traj, mg, alive, placed, remaining, by_level, prune,
-                order, count, ub, cand, cand_f, out_i, out_g, lim):  # pragma: no cover - compiled
+                order, count, ub, cand, cand_f, out_i, out_g, lim, items, qsize, q_set, marg,
+                level, known, prop1, prop1_len):  # pragma: no cover - compiled
     """Stage 2 as a fill (``r_max = 0``): while slots are left, the open replica with the largest
     fill level (``by_level``; else margin m(0); ties: more free slots, lower index, see
     :func:`_fill_replica`) takes the best of the DP's proposals
@@ -672,12 +867,8 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
         for j in range(n_pool):
             if lim[3][j, 0] - sizes[j] > extra:
                 extra = lim[3][j, 0] - sizes[j]
-    items = np.empty(min(n_pool, FILL_WINDOW), dtype=np.int64)
-    qsize = np.empty(min(n_pool, FILL_WINDOW), dtype=np.int64)
-    q_set = np.empty(n_pool, dtype=np.int64)
-    marg = np.empty(width)
-    level = np.empty(loads.shape[0])  # (read only with fill levels: a horizon and ``by_level``)
-    known = np.zeros(loads.shape[0], dtype=np.bool_)
+    window = min(n_pool, FILL_WINDOW)  # (the workspace's items, qsize: at least this long)
+    known[:] = False  # (``level`` is read only with fill levels: a horizon and ``by_level``)
     while placed < remaining:
         g = _fill_replica(free, loads, env, d, alpha, beta, by_level, marg, level, known)
         # best F({i}) + u_i, ties: pool order
@@ -712,7 +903,7 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
             hi_q = hi // quantum
             n_items = 0
             for j in range(n_pool):
-                if n_items == items.shape[0]:
+                if n_items == window:
                     break
                 if not alive[j] or (budget and not _fits(j, g, lim)):
                     continue
@@ -723,8 +914,11 @@ def _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, li
                     n_items += 1
             k_max = min(cap, n_items)
             if k_max >= k_lo:
-                prop = np.empty((2 * k_max, k_max), dtype=np.int64)
-                prop_len = np.empty(2 * k_max, dtype=np.int64)
+                if k_max == 1:  # (the common case, a replica with one free slot: no allocation)
+                    prop, prop_len = prop1, prop1_len
+                else:
+                    prop = np.empty((2 * k_max, k_max), dtype=np.int64)
+                    prop_len = np.empty(2 * k_max, dtype=np.int64)
                 n_prop = _fill_proposals(items, qsize, n_items, k_lo, k_max, safe_q, hi_q, prop,
                                          prop_len)
                 for p in range(n_prop):
@@ -806,13 +1000,36 @@ def lpt_batch(loads0, free0, sizes, out_i, out_g, count, w):  # pragma: no cover
 
 
 @njit
-def two_stage_kernel(
+def tick_workspace(n_rep, width, n_pool, r_max):  # pragma: no cover - compiled
+    """The scratch arrays of :func:`two_stage_tick` for G = ``n_rep`` replicas, W = ``width``
+    steps, pools of up to ``n_pool`` requests and Stage 2's ``r_max``: allocated once by a caller
+    that ticks many times, so a tick allocates nothing (the fill's
+    DP still allocates its subset-sum tables for a replica with two or more free slots, a
+    deadline stage sorts its late requests, a small batch its LPT plan)."""
+    k = max(r_max, 1)
+    window = min(n_pool, FILL_WINDOW)
+    return (
+        np.empty(width), np.empty(width), np.empty(width), np.empty(width), np.empty(width),
+        np.empty(n_rep), np.zeros(n_rep, dtype=np.bool_),
+        np.empty(n_pool), np.empty(n_pool), np.empty(n_pool), np.empty(n_pool), np.empty(n_pool),
+        np.empty(n_pool), np.empty(n_pool, dtype=np.bool_),
+        np.empty(k, dtype=np.int64), np.empty(k),
+        np.empty(window, dtype=np.int64), np.empty(window, dtype=np.int64),
+        np.empty(n_pool, dtype=np.int64), np.empty((2, n_pool), dtype=np.int64),
+        np.zeros(2, dtype=np.int64), np.empty((2, 1), dtype=np.int64), np.empty(2, dtype=np.int64),
+    )
+
+
+@njit
+def two_stage_tick(
     loads, free, sizes, wait, d, alpha, beta, s_greedy, r_max, deadline_s, growth, has_growth,
     exact_score, fit_stage1, growth_steps, ttft_slo_s, fill_by_level, lpt_batches, out_i, out_g,
-    lim,
+    lim, ws,
 ):  # pragma: no cover - compiled; tested against the reference through two_stage_assign
     """The tick of :func:`two_stage_assign` on mutable copies ``loads`` (G, W) and ``free``;
-    writes the decisions to ``out_i``/``out_g`` and returns how many there are.
+    writes the decisions to ``out_i``/``out_g`` and returns how many there are. ``ws``: a
+    :func:`tick_workspace` for at least this G, W, pool size and ``r_max`` (its contents are
+    scratch: nothing carries over from one tick to the next).
 
     ``lim`` = (w, 1/w, room, cost): replica g's step-time weight w_g (``loads`` are then in step
     time over the reference replica's a: a request of s tokens adds w_g·s, and scores are taken
@@ -823,12 +1040,20 @@ def two_stage_kernel(
     n_rep, width = loads.shape
     n_pool = sizes.shape[0]
     budget = lim[2].shape[1] > 0
+    if width == 1 and not has_growth and not budget and singles_apply(free, wait, s_greedy, r_max,
+                                                                      deadline_s):
+        return fill_singles(loads, free, sizes, wait, d, alpha, beta, ttft_slo_s, out_i, out_g,
+                            ws[13][:n_pool], ws[12][:n_pool], lim[0], lim[1])
     exact = exact_score and has_growth
     total_d = 0.0
     for h in range(width):
         total_d += d[h]
     ad = alpha * total_d
-    env = np.empty(width)
+    (env, traj, mg, marg, cmax, level, known, lin, bonus, ub_buf, tot, f1, spare, alive, cand,
+     cand_f, items, qsize, q_set, ranked, ranked_n, prop1, prop1_len) = ws
+    lin, bonus, ub_buf = lin[:n_pool], bonus[:n_pool], ub_buf[:n_pool]
+    tot, f1, spare, alive = tot[:n_pool], f1[:n_pool], spare[:n_pool], alive[:n_pool]
+    env, traj, mg, marg, cmax = env[:width], traj[:width], mg[:width], marg[:width], cmax[:width]
     for h in range(width):
         top = loads[0, h]
         for g in range(1, n_rep):
@@ -845,17 +1070,12 @@ def two_stage_kernel(
     # against LPT at the end (``lpt_batch``)
     batch = (lpt_batches and n_pool < BACKLOG_PER_REPLICA * n_rep and free_sum - n_pool >= s_greedy
              and not budget)  # (LPT knows no budget)
-    loads0 = loads[:, 0].copy() if batch else np.empty(0)
-    free0 = free.copy() if batch else np.empty(0, dtype=np.int64)
-    lin, bonus, ub, prune, ranked, ranked_n, cmax = _pool_setup(
-        sizes, growth, wait, d, alpha, ad, beta, exact, ttft_slo_s)
-    alive = np.ones(n_pool, dtype=np.bool_)
-    tot = np.empty(n_pool)
-    f1 = np.empty(n_pool)
-    traj = np.empty(width)
-    mg = np.empty(width)
-    cand = np.empty(max(r_max, 1), dtype=np.int64)  # the best candidates of a pick, best first
-    cand_f = np.empty(max(r_max, 1))
+    loads0 = loads[:, 0].copy() if batch else env[:0]  # (empty views: no allocation)
+    free0 = free.copy() if batch else free[:0]
+    ub, prune = _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact, ttft_slo_s, lin,
+                            bonus, ub_buf, cmax, ranked, ranked_n, spare)
+    alive[:] = True
+    # cand, cand_f: the best candidates of a pick, best first
     placed = 0
 
     # (0) pool deadline, oldest first (stable: ties keep pool order)
@@ -938,7 +1158,8 @@ def two_stage_kernel(
         return _fill_stage(loads, env, free, free_sum, sizes, growth, has_growth, exact, lin, cmax,
                            d, alpha, ad, beta, bonus, tot, f1, traj, mg, alive, placed,
                            remaining, fill_by_level, prune, ranked, ranked_n, ub, cand, cand_f,
-                           out_i, out_g, lim)
+                           out_i, out_g, lim, items, qsize, q_set, marg, level, known, prop1,
+                           prop1_len)
     # (2) scarce room: best subset of the top r_max candidates for the top replica
     idx = np.empty(max(r_max, 1), dtype=np.int64)
     best_q = np.empty(max(r_max, 1), dtype=np.int64)

@@ -11,7 +11,7 @@ window without growing). An optional urgency bonus u_i = U·w_i/θ (U: the large
 single-request value in the pool; θ = :func:`urgency_scale`: ``ttft_slo_s``, or twice the pool's
 median wait when that is shorter) makes waiting part of the decision (``papers/ttft.md``).
 
-The tick runs as one compiled kernel (``_tick_kernels.two_stage_kernel``, numba) that performs
+The tick runs as one compiled kernel (``_tick_kernels.two_stage_tick``, numba) that performs
 the floating-point operations of the literal reference (``analysis/reference.py``) in the same
 order, so its decisions equal the reference's exactly; with a horizon it finds a replica's best
 single requests by a best-first search over the pool, in the order of each request's
@@ -25,6 +25,7 @@ directly): there is no second implementation on any hot path.
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 from itertools import combinations
 
@@ -33,7 +34,8 @@ from numpy.typing import NDArray
 
 from ._jit import HAVE_NUMBA
 from ._tick_kernels import BACKLOG_PER_REPLICA, FILL_LEVELS, FILL_WINDOW, lpt_batch
-from ._tick_kernels import two_stage_kernel as _two_stage_kernel
+from ._tick_kernels import tick_workspace as _tick_workspace
+from ._tick_kernels import two_stage_tick as _two_stage_tick
 from .state import Assignment
 
 __all__ = [
@@ -262,12 +264,33 @@ def two_stage_assign(
         grow, has_growth = _NO_GROWTH, False
     else:
         grow, has_growth = _f64(growth), True
-    count = _two_stage_kernel(
+    count = _two_stage_tick(
         loads, free, sizes, _f64(wait), _f64(d), float(alpha), float(beta), int(s_greedy),
         int(r_max), float(deadline_s), grow, has_growth, score == "exact", stage1 == "fit",
         float(growth_steps), slo, fill_order == "level", bool(lpt_batches), out_i, out_g, lim,
+        _workspace(loads.shape[0], loads.shape[1], n_pool, int(r_max)),
     )
     return Assignment(pool_index=out_i[:count], replica=out_g[:count])
+
+
+_THREAD = threading.local()
+
+
+def _workspace(n_rep: int, width: int, n_pool: int, r_max: int) -> tuple:
+    """The tick's scratch arrays (``tick_workspace``) for this thread and (G, W, ``r_max``) —
+    BR-H ticks at W = H + 1 and checks BR-0's plan at W = 1 — kept while the pool fits (grown
+    to the next power of two when it does not; at most 8 shapes kept)."""
+    work = getattr(_THREAD, "work", None)
+    if work is None:
+        work = _THREAD.work = {}
+    key = (n_rep, width, r_max)
+    kept = work.get(key)
+    if kept is None or kept[0] < n_pool:
+        if len(work) >= 8:
+            work.clear()
+        cap = max(16, 1 << max(n_pool - 1, 0).bit_length())
+        kept = work[key] = (cap, _tick_workspace(n_rep, width, cap, r_max))
+    return kept[1]
 
 
 def tick_limits(loads: NDArray, prompt_len: NDArray, weights: NDArray | None,

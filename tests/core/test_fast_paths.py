@@ -277,10 +277,11 @@ def test_best_first_search_picks_what_the_pool_scan_picks(case, data):
     alpha, beta, exact = case["alpha"], case["beta"], case["exact"]
     ad = alpha * _sequential_sum(d)  # α·Σ d, summed as the kernel sums it
     env = loads.max(axis=0)
-    lin, bonus, ub, prune, order, count, _ = _pool_setup(
-        sizes, growth, wait, d, alpha, ad, beta, exact, case["slo"])
+    lin, bonus, ub_buf, cmax, spare = np.empty(n), np.empty(n), np.empty(n), np.empty(width), np.empty(n)
+    order, count = np.empty((2, n), dtype=np.int64), np.empty(2, dtype=np.int64)
+    ub, prune = _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact, case["slo"], lin, bonus,
+                            ub_buf, cmax, order, count, spare)
     assert prune
-    cmax = np.empty(width)
     _largest_contribution(sizes, growth, exact, cmax)
     tot, f1, marg = np.empty(n), np.empty(n), np.empty(width)
     for _ in range(3):  # the order's prefix persists across pops, as in a tick
@@ -406,13 +407,13 @@ def test_serving_ledger_tick_runs_the_compiled_kernel(monkeypatch):
     from balanceroute.serving.ledger import Ledger
 
     calls = []
-    kernel = two_stage._two_stage_kernel
+    kernel = two_stage._two_stage_tick
 
     def counting(*args):
         calls.append(args[0].shape)
         return kernel(*args)
 
-    monkeypatch.setattr(two_stage, "_two_stage_kernel", counting)
+    monkeypatch.setattr(two_stage, "_two_stage_tick", counting)
     led = Ledger([2, 2, 2], pool_capacity=16)
     for i, s in enumerate((300, 40, 60, 500, 90)):
         led.enqueue(led.admit(f"r{i}"), s, now=0.0, lease_s=30.0)

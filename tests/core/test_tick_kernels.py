@@ -35,7 +35,7 @@ def test_fused_loop_cache_is_stamped_with_the_tick_source():
         tick = hashlib.sha256(f.read()).digest()
     loop_stamp = _kernels.simulate_loop._cache._cache_file._source_stamp
     assert isinstance(loop_stamp, tuple) and loop_stamp[-1] == tick
-    assert _tick_kernels.two_stage_kernel._cache._cache_file._source_stamp != loop_stamp
+    assert _tick_kernels.two_stage_tick._cache._cache_file._source_stamp != loop_stamp
 
 
 @needs_numba

@@ -7,10 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from balanceroute.core._tick_kernels import _median, singles_apply
 from balanceroute.core.model import exact_horizon_score, f_score, horizon_f_score
 from balanceroute.core.projection import placement_growth
 from balanceroute.core.two_stage import (
     FILL_LEVELS,
+    _two_stage_numpy,
     best_subset,
     fill_level,
     fill_proposals,
@@ -433,3 +435,62 @@ def test_brh_fill_pick_beats_every_proposal_of_the_prompt_search(state, slots, d
     best_rival = max(score(q) for q in rivals)
     if best_rival > 0:  # (else the starvation guard decides)
         assert max(score(q) for q in picks) >= best_rival
+
+
+# A full cluster's tick (``fill_singles``): every free slot on its own replica, at most
+# ``s_greedy`` of them, nobody at the pool deadline — the saturated simulator's common tick, which
+# the kernel serves without the general tick's set-up. Sizes are drawn from a few values too, so
+# ties (of scores, of quantised sizes, of margins) are common.
+full_cluster_ticks = st.integers(1, 12).flatmap(
+    lambda g: st.tuples(
+        st.lists(st.integers(0, 40_000), min_size=g, max_size=g),
+        st.lists(st.integers(0, 1), min_size=g, max_size=g).filter(any),
+        st.lists(st.one_of(st.integers(1, 20_000), st.sampled_from([500, 1000, 4000])),
+                 min_size=1, max_size=40),
+        st.lists(st.floats(0.0, 24.0), min_size=40, max_size=40),
+        st.sampled_from([None, 4.0, 0.25]),
+        st.sampled_from(["sorted", "reversed", "drawn"]),
+    )
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(full_cluster_ticks, st.integers(0, 4))
+def test_full_cluster_tick_matches_literal_reference(instance, spare_greedy):
+    loads, free, prompt, waits, slo, order = instance
+    wait = waits[:len(prompt)]
+    if order != "drawn":  # the pool in the order its requests joined: waits sorted
+        wait = sorted(wait, reverse=order == "reversed")
+    kwargs = dict(d=[1.0], alpha=1.0, beta=3.0 * len(loads), s_greedy=sum(free) + spare_greedy,
+                  r_max=0, deadline_s=25.0, ttft_slo_s=slo)
+    assert singles_apply(np.array(free), np.array(wait), kwargs["s_greedy"], 0, 25.0)
+    got = two_stage_assign(np.array(loads, dtype=float)[:, None], np.array(free),
+                           np.array(prompt, dtype=np.int64), np.array(wait), **kwargs)
+    want = reference_tick([[float(x)] for x in loads], free, prompt, wait, **kwargs)
+    assert list(zip(got.pool_index.tolist(), got.replica.tolist())) == want
+
+
+@settings(max_examples=150, deadline=None)
+@given(full_cluster_ticks, st.data())
+def test_full_cluster_tick_with_replica_speeds_matches_the_numpy_tick(instance, data):
+    loads, free, prompt, waits, slo, _ = instance
+    wait = np.array(waits[:len(prompt)])
+    weights = np.array(data.draw(st.lists(st.sampled_from([1.0, 0.8, 1.5, 2.0]),
+                                          min_size=len(loads), max_size=len(loads))))
+    kwargs = dict(d=np.ones(1), alpha=1.0, beta=3.0 * len(loads), s_greedy=sum(free), r_max=0,
+                  deadline_s=25.0, ttft_slo_s=slo, weights=weights)
+    loads_a = np.array(loads, dtype=float)[:, None]
+    got = two_stage_assign(loads_a, np.array(free), np.array(prompt, dtype=np.int64), wait,
+                           **kwargs)
+    want = _two_stage_numpy(loads_a, np.array(free), np.array(prompt, dtype=np.int64), wait,
+                            **kwargs)
+    assert got.pool_index.tolist() == want.pool_index.tolist()
+    assert got.replica.tolist() == want.replica.tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.floats(0.0, 50.0), st.sampled_from([0.0, 1.0, 2.5])), min_size=1,
+                max_size=80), st.sampled_from(["sorted", "reversed", "drawn"]))
+def test_tick_median_is_numpys(values, order):
+    x = np.array(sorted(values, reverse=order == "reversed") if order != "drawn" else values)
+    assert _median(x, np.empty(len(x))) == np.median(x)
