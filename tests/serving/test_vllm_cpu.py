@@ -339,6 +339,7 @@ def _request(cluster: Cluster, api: str, stream: bool, usage: str | None, n: int
 def _check_stream(chunks: list[Any], api: str, usage: str | None, n: int, prompt: int) -> None:
     tokens = 0
     finishes = []
+    so_far = []  # tokens received up to and including each chunk
     for c in chunks:
         for choice in c.choices:
             lp = choice.logprobs
@@ -346,6 +347,7 @@ def _check_stream(chunks: list[Any], api: str, usage: str | None, n: int, prompt
                 tokens += len(lp.content or []) if api == "chat" else len(lp.tokens or [])
             if choice.finish_reason is not None:
                 finishes.append(choice.finish_reason)
+        so_far.append(tokens)
     assert tokens == n, f"client received {tokens} tokens, asked for {n}"
     assert finishes == ["length"]
     usages = [c.usage for c in chunks]
@@ -361,8 +363,10 @@ def _check_stream(chunks: list[Any], api: str, usage: str | None, n: int, prompt
         assert all(u is None for u in body), "usage sent on chunks the client did not ask it for"
     else:
         assert all(u is not None and u.prompt_tokens == prompt for u in body)
-        done = [u.completion_tokens for u in body]
-        assert done == sorted(done) and done[-1] == n and done[0] <= 1
+        # each chunk's running count is what the client has received so far (a busy engine
+        # may put two tokens in one chunk: vLLM merges the outputs a slow reader has not taken)
+        assert [u.completion_tokens for u in body] == so_far[:-1]
+        assert so_far[-2] == n
 
 
 def run_case(cluster: Cluster, api: str, stream: bool, usage: str | None, n: int) -> None:
