@@ -19,7 +19,14 @@ import numpy as np
 
 from . import _tick_kernels
 from ._jit import njit as _njit
-from ._tick_kernels import fifo_choose, fill_singles, singles_apply, tick_workspace, two_stage_tick
+from ._tick_kernels import (
+    fifo_choose,
+    fill_singles,
+    singles_apply,
+    singles_scratch,
+    tick_workspace,
+    two_stage_tick,
+)
 from .tick_contract import TWO_STAGE
 
 
@@ -93,6 +100,7 @@ def simulate_loop(
     # equal replicas, no KV budget (the fused loop models neither)
     lim = (np.ones(g_count), np.ones(g_count), np.zeros((g_count, 0)), np.zeros((cap, 0)))
     work = tick_workspace(g_count, 1, cap, r_max)  # the tick's scratch, allocated once
+    alive, spare = singles_scratch(work)
     steps_here = 0
     while True:
         if finished >= n:
@@ -137,7 +145,7 @@ def simulate_loop(
                     # general tick's set-up
                     n_chosen = fill_singles(
                         proj, free, sizes[:pool_n], waited[:pool_n], ones, 1.0, beta, ttft_slo_s,
-                        out_i, out_g, work[13], work[12], lim[0], lim[1])
+                        out_i, out_g, alive, spare, lim[0], lim[1])
                 else:
                     n_chosen = two_stage_tick(
                         proj, free, sizes[:pool_n], waited[:pool_n], ones, 1.0, beta, s_greedy,
