@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
 import numpy as np
 
 from balanceroute.core.state import ClusterState, PoolView, validate_assignment
@@ -46,3 +53,34 @@ def ledger_tick(ledger, policy, now: float) -> list:
     decision = policy.assign(state, view)
     validate_assignment(state, view, decision)  # the dispatcher checks it before the ledger applies it
     return ledger.apply(state, view, decision)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+#: What a build of the package reads (pyproject.toml's package-dir roots and their metadata).
+PACKAGE_SOURCES = ("pyproject.toml", "setup.py", "README.md", "balanceroute", "core", "solvers",
+                   "serving", "analysis")
+
+
+def built_package(tmp: Path, name: str, *, warm: bool) -> Path:
+    """The package as ``pip install .`` ships it: its wheel built (with this interpreter's
+    numba and setuptools, no download) from a copy of the sources, unpacked into ``tmp/name``;
+    ``warm``: with the numba kernels compiled into it (setup.py), else
+    ``BALANCEROUTE_BUILD_WARM=0``."""
+    src = tmp / f"{name}-src"
+    for part in PACKAGE_SOURCES:
+        path = ROOT / part
+        if path.is_dir():
+            shutil.copytree(path, src / part, ignore=shutil.ignore_patterns(
+                "__pycache__", "*.so", "*.egg-info"))
+        else:
+            src.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, src / part)
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["BALANCEROUTE_BUILD_WARM"] = "1" if warm else "0"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp / f"{name}-dist"), str(src)], env=env, check=True, timeout=900,
+                   capture_output=True)
+    (wheel,) = (tmp / f"{name}-dist").glob("balanceroute-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(tmp / name)
+    return tmp / name
