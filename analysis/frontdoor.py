@@ -166,12 +166,20 @@ def results_seeds(rows: list[dict]) -> str:
     return "\n".join(powered_lines(rows))
 
 
+def readme_lookahead(rows: list[dict]) -> str:
+    """Where the deployable lookahead pays and where it does not, over held-out draws."""
+    from .quality import lookahead_lines
+
+    return "\n".join(lookahead_lines(rows))
+
+
 BLOCKS: dict[str, Block] = {
     "headline-sentence": Block(TABLE1, headline_sentence),
     "headline-table": Block(TABLE1, headline_table),
     "results-table1": Block(TABLE1, results_table1),
     "results-paper": Block(QUALITY, results_paper),
     "results-seeds": Block(QUALITY_SEEDS, results_seeds),
+    "readme-lookahead": Block(QUALITY_SEEDS, readme_lookahead),
 }
 """Block name → its source CSV and writer."""
 

@@ -47,6 +47,7 @@ __all__ = [
     "QUALITY_POLICIES",
     "RULES",
     "declare_quality",
+    "lookahead_lines",
     "paper_lines",
     "paired_interval",
     "powered_lines",
@@ -650,6 +651,70 @@ def powered_lines(rows: list[dict], *, level: float = 0.95) -> list[str]:
                    f"breaks in {len(t['breaks'])} of {total} groups")
         out += [f"  - breaks: {line}" for line in t["breaks"]]
     return out
+
+
+LOOKAHEAD_FLAT = 0.02
+"""A lookahead row "within" BR-0 when its geometric-mean imbalance ratio is within this of 1."""
+ORACLE_PAYS = 0.30
+"""The clairvoyant row "gains" when its ratio to BR-0 is at most 1 − this (#32's rule)."""
+SURVIVAL_PAYS = 0.10
+"""... and then the deployable row should gain at least this."""
+
+
+def lookahead_lines(rows: list[dict], *, level: float = 0.95) -> list[str]:
+    """Where the deployable lookahead pays and where it does not, in words, over the saturated
+    groups of held-out draws (:func:`seed_groups`, at least two draws with br0, brh-survival and
+    brh-oracle): brh-survival ÷ br0 and brh-oracle ÷ br0 mean imbalance, geometric means over the
+    draws (:func:`paired_interval`). Names the groups where the survival row gains more than
+    :data:`LOOKAHEAD_FLAT`, those where the clairvoyant row gains at least :data:`ORACLE_PAYS`
+    with the survival row's ratio beside it, and of those the ones where the survival row gains
+    less than :data:`SURVIVAL_PAYS` — where the deployable lookahead does not pay."""
+    need = ("br0", "brh-survival", "brh-oracle")
+    found: dict[tuple, tuple[float, float, float, int]] = {}
+    seeds: set[int] = set()
+    for key, runs in seed_groups(rows).items():
+        runs = [by for by in runs if all(p in by for p in need)]
+        if key[3] != "saturated" or len(runs) < 2:
+            continue
+        surv = paired_interval([float(by["brh-survival"]["mean_imbalance"]) / float(by["br0"]["mean_imbalance"])
+                                for by in runs], level)
+        orac = paired_interval([float(by["brh-oracle"]["mean_imbalance"]) / float(by["br0"]["mean_imbalance"])
+                                for by in runs], level)
+        found[key] = (surv[0], surv[2], orac[0], len(runs))
+        seeds.update(int(by["br0"]["seed"]) for by in runs)
+    if not found:
+        return []
+
+    def name(key: tuple) -> str:
+        return f"{key[0]} G = {key[1]}, {key[2]:,} requests"
+
+    keys = sorted(found, key=lambda k: (k[2], k[0], k[1]))
+    flat = [k for k in keys if abs(found[k][0] - 1.0) <= LOOKAHEAD_FLAT]
+    gains = [k for k in keys if found[k][0] < 1.0 - LOOKAHEAD_FLAT]
+    oracle = [k for k in keys if found[k][2] <= 1.0 - ORACLE_PAYS]
+    short = [k for k in oracle if found[k][0] > 1.0 - SURVIVAL_PAYS]
+    sizes = sorted({k[2] for k in keys})
+    out = [f"Over held-out draws {min(seeds)}–{max(seeds)} ({len(keys)} saturated groups, G = "
+           + " and ".join(str(g) for g in sorted({k[1] for k in keys})) + ", "
+           + " and ".join(f"{n:,}" for n in sizes) + " requests), BR-H with the survival predictor "
+           f"is within {100 * LOOKAHEAD_FLAT:g} % of BR-0's mean imbalance (geometric mean over "
+           f"the draws) in {len(flat)} of {len(keys)} groups"
+           + ("" if not gains else "; it gains more in " + "; ".join(
+               f"{name(k)} ({found[k][0]:.3f}×)" for k in gains)) + "."]
+    if oracle:
+        out.append(f"The clairvoyant lookahead (true output lengths) gains ≥ {100 * ORACLE_PAYS:g} % in "
+                   + "; ".join(f"{name(k)} ({found[k][2]:.3f}×, survival {found[k][0]:.3f}×)"
+                               for k in oracle) + ".")
+    if short:
+        out.append(f"Of those, the deployable row gains less than {100 * SURVIVAL_PAYS:g} % in "
+                   + "; ".join(name(k) for k in short) + ": the gap is the forecast's, not the "
+                   "lookahead's, and where only the prompt is known BR-0 is what to deploy.")
+    elif oracle:
+        out.append(f"Wherever the clairvoyant row gains that much, the survival row gains at least "
+                   f"{100 * SURVIVAL_PAYS:g} %.")
+    else:
+        out.append(f"The clairvoyant row gains less than {100 * ORACLE_PAYS:g} % in every group.")
+    return [" ".join(out)]
 
 
 def context_lines(rows: list[dict], *,

@@ -15,6 +15,7 @@ from balanceroute.analysis.quality import (
     context_lines,
     declare_quality,
     floor_lines,
+    lookahead_lines,
     matrix_lines,
     noise_floors,
     paired_interval,
@@ -308,3 +309,33 @@ def test_a_thinned_replay_is_a_new_draw_of_the_same_trace():
     thinned = run_quality_cell(Cell(options=(("load", 0.5), ("thin", REPLAY_THIN)), **base))[0]
     plain = run_quality_cell(Cell(options=(("load", 0.5),), **base))[0]
     assert thinned["capacity_rps"] != plain["capacity_rps"]  # the capacity of the thinned draw
+
+
+def _lookahead_rows(group: str, replicas: int, load: str, imb: dict[str, list[float]]) -> list[dict]:
+    return [{"workload": group, "replicas": replicas, "requests": 3000, "seed": 1000 + s, "load": load,
+             "policy": policy, "mean_imbalance": values[s]}
+            for policy, values in imb.items() for s in range(len(values))]
+
+
+def test_lookahead_lines_name_where_the_deployable_lookahead_does_not_pay():
+    """Worked example: in group a the clairvoyant row gains 40 % and the survival row 5 % (does
+    not pay); in group b survival gains 20 % where the oracle gains 50 % (pays); c is flat; the
+    open-loop group d and a group with one draw are left out."""
+    rows = (_lookahead_rows("a", 8, "saturated", {"br0": [100, 100], "brh-survival": [95, 95],
+                                                    "brh-oracle": [60, 60]})
+            + _lookahead_rows("b", 8, "saturated", {"br0": [100, 100], "brh-survival": [80, 80],
+                                                    "brh-oracle": [50, 50]})
+            + _lookahead_rows("c", 16, "saturated", {"br0": [100, 100], "brh-survival": [101, 99],
+                                                     "brh-oracle": [100, 100]})
+            + _lookahead_rows("d", 8, "0.8", {"br0": [100, 100], "brh-survival": [50, 50],
+                                              "brh-oracle": [10, 10]})
+            + _lookahead_rows("e", 8, "saturated", {"br0": [100], "brh-survival": [50],
+                                                    "brh-oracle": [10]}))
+    (text,) = lookahead_lines(rows)
+    assert "(3 saturated groups, G = 8 and 16, 3,000 requests)" in text
+    assert "within 2 % of BR-0's mean imbalance (geometric mean over the draws) in 1 of 3 groups" in text
+    assert "it gains more in a G = 8, 3,000 requests (0.950×); b G = 8, 3,000 requests (0.800×)." in text
+    assert ("gains ≥ 30 % in a G = 8, 3,000 requests (0.600×, survival 0.950×); "
+            "b G = 8, 3,000 requests (0.500×, survival 0.800×).") in text
+    assert "gains less than 10 % in a G = 8, 3,000 requests:" in text
+    assert " d G" not in text and " e G" not in text
