@@ -661,7 +661,7 @@ SURVIVAL_PAYS = 0.10
 """... and then the deployable row should gain at least this."""
 
 
-def lookahead_lines(rows: list[dict], *, level: float = 0.95) -> list[str]:
+def lookahead_lines(rows: list[dict]) -> list[str]:
     """Where the deployable lookahead pays and where it does not, in words, over the saturated
     groups of held-out draws (:func:`seed_groups`, at least two draws with br0, brh-survival and
     brh-oracle): brh-survival ÷ br0 and brh-oracle ÷ br0 mean imbalance, geometric means over the
@@ -670,17 +670,14 @@ def lookahead_lines(rows: list[dict], *, level: float = 0.95) -> list[str]:
     with the survival row's ratio beside it, and of those the ones where the survival row gains
     less than :data:`SURVIVAL_PAYS` — where the deployable lookahead does not pay."""
     need = ("br0", "brh-survival", "brh-oracle")
-    found: dict[tuple, tuple[float, float, float, int]] = {}
+    found: dict[tuple, tuple[float, float]] = {}  # group → (survival, oracle) ÷ br0
     seeds: set[int] = set()
     for key, runs in seed_groups(rows).items():
         runs = [by for by in runs if all(p in by for p in need)]
         if key[3] != "saturated" or len(runs) < 2:
             continue
-        surv = paired_interval([float(by["brh-survival"]["mean_imbalance"]) / float(by["br0"]["mean_imbalance"])
-                                for by in runs], level)
-        orac = paired_interval([float(by["brh-oracle"]["mean_imbalance"]) / float(by["br0"]["mean_imbalance"])
-                                for by in runs], level)
-        found[key] = (surv[0], surv[2], orac[0], len(runs))
+        found[key] = tuple(paired_interval([float(by[p]["mean_imbalance"]) / float(by["br0"]["mean_imbalance"])
+                                            for by in runs])[0] for p in ("brh-survival", "brh-oracle"))
         seeds.update(int(by["br0"]["seed"]) for by in runs)
     if not found:
         return []
@@ -691,7 +688,7 @@ def lookahead_lines(rows: list[dict], *, level: float = 0.95) -> list[str]:
     keys = sorted(found, key=lambda k: (k[2], k[0], k[1]))
     flat = [k for k in keys if abs(found[k][0] - 1.0) <= LOOKAHEAD_FLAT]
     gains = [k for k in keys if found[k][0] < 1.0 - LOOKAHEAD_FLAT]
-    oracle = [k for k in keys if found[k][2] <= 1.0 - ORACLE_PAYS]
+    oracle = [k for k in keys if found[k][1] <= 1.0 - ORACLE_PAYS]
     short = [k for k in oracle if found[k][0] > 1.0 - SURVIVAL_PAYS]
     sizes = sorted({k[2] for k in keys})
     out = [f"Over held-out draws {min(seeds)}–{max(seeds)} ({len(keys)} saturated groups, G = "
@@ -703,7 +700,7 @@ def lookahead_lines(rows: list[dict], *, level: float = 0.95) -> list[str]:
                f"{name(k)} ({found[k][0]:.3f}×)" for k in gains)) + "."]
     if oracle:
         out.append(f"The clairvoyant lookahead (true output lengths) gains ≥ {100 * ORACLE_PAYS:g} % in "
-                   + "; ".join(f"{name(k)} ({found[k][2]:.3f}×, survival {found[k][0]:.3f}×)"
+                   + "; ".join(f"{name(k)} ({found[k][1]:.3f}×, survival {found[k][0]:.3f}×)"
                                for k in oracle) + ".")
     if short:
         out.append(f"Of those, the deployable row gains less than {100 * SURVIVAL_PAYS:g} % in "
