@@ -160,7 +160,10 @@ class DecodeStage:
                     err.kv_spent = spent  # type: ignore[attr-defined]
                     raise err from None
                 self.metrics.retries.labels("decode").inc()
-                self.ledger.requeue(ticket)
+                # without a lease (no prefill stage) the bound is a pool wait: a first-token
+                # timeout as long as kv_lease_s must still leave the retry its wait
+                self.ledger.requeue(ticket, renew=None if lease is not None
+                                    else (self.dispatcher.clock(), forward_by))
                 continue
             for h in suspects:  # the request works elsewhere: those failures were the replicas'
                 if h != g:

@@ -203,13 +203,17 @@ class Ledger:
         if self.on_pool is not None:
             self.on_pool()
 
-    def requeue(self, ticket: Ticket) -> None:
+    def requeue(self, ticket: Ticket, *, renew: tuple[float, float] | None = None) -> None:
         """Decode failed before the first token: free the slot and put the ticket back in the
-        pool at its original place (it keeps its wait time and lease)."""
+        pool at its original place (it keeps its wait time and lease). ``renew = (now,
+        wait_s)``: no KV is held for it (no prefill stage), so its bound is a pool wait again,
+        ending ``wait_s`` from ``now`` — the failed attempt's time was not spent in the pool."""
         if ticket.state != "active":
             raise ValueError(f"ticket {ticket.rid} is {ticket.state}, not active")
         self._release(ticket)
         ticket.state = "pooled"
+        if renew is not None:
+            ticket.lease_deadline = renew[0] + renew[1]
         at = next((j for j, t in enumerate(self.pool) if t.joined > ticket.joined), len(self.pool))
         self.pool.insert(at, ticket)
         if self.on_pool is not None:

@@ -330,6 +330,29 @@ def test_a_hung_decode_replica_freezes_no_stream_longer_than_the_stall_timeout()
     assert len(ttfts) == 16 and ttfts[-1] <= first_token + 2.0, ttfts
 
 
+def test_without_a_prefill_stage_a_first_token_timeout_as_long_as_the_pool_wait_is_retried() -> None:
+    """``kv_dialect: none`` holds no KV: a request's bound is a pool wait of ``kv_lease_s``.
+    With the first-token timeout that long (the defaults: 30 s and 30 s), a request placed on
+    a hung replica must be retried on the other, not answered 503 ``kv_lease_expired`` for a
+    wait it spent in the failed attempt (a starved real vLLM did that in CI)."""
+    limit = 1.0
+    with running_emulator(num_replicas=2, slots=4) as emu, \
+            serving({**emu.proxy_mapping("none"), "policy": "least_load", "kv_lease_s": limit, "lease_margin_s": 0.2,
+                     "decode_first_token_timeout_s": limit, "health_interval_s": 0}) as (url, proxy, server):
+        fault(emu, "decode", 0, "hang")
+
+        async def run() -> list[dict]:
+            async with httpx.AsyncClient(timeout=30) as http:
+                return await asyncio.gather(*(stream_one(http, url, 3) for _ in range(4)))
+
+        results = asyncio.run(run())
+        retried = on_loop(server, lambda: proxy.metrics.retries.labels("decode")._value.get())
+        fault(emu, "decode", 0, "thaw")
+    assert retried >= 1, "no request was placed on the hung replica: the test proves nothing"
+    assert all(r["status"] == 200 and r["done"] and r["error"] is None and r["tokens"] == 3
+               for r in results), results
+
+
 # ----------------------------------------------------------------- 4. client limits
 @pytest.mark.parametrize("http_server", ["native", "uvicorn"])
 @pytest.mark.parametrize("sent", [b"P", b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 100\r\n\r\n{"])
