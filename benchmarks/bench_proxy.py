@@ -331,7 +331,8 @@ def baseline_build(rev: str) -> Iterator[list[str]]:
 
 
 def _routers(mapping: dict[str, Any], exe: str | None, floor: bool = False,
-             uvicorn: bool = False, baseline: tuple[str, list[str]] | None = None) -> list[tuple[str, Any]]:
+             uvicorn: bool = False, baseline: tuple[str, list[str]] | None = None,
+             floor_tick: bool = False) -> list[tuple[str, Any]]:
     """(name, context manager yielding (url, process)) of ours, the peer when installed, and
     when asked the floor (on the native stack; with ``uvicorn`` also on uvicorn) and ours under
     uvicorn (``--http-server uvicorn``). Ours without health probes: on a saturated machine one
@@ -344,6 +345,8 @@ def _routers(mapping: dict[str, Any], exe: str | None, floor: bool = False,
         out.append(("vllm-router", lambda: vllm_router(exe, workers)))
     if floor:
         out.append(("floor", lambda: relay_floor(workers)))
+    if floor_tick:
+        out.append(("floor + tick", lambda: relay_floor(workers, "native-tick")))
     if uvicorn:
         out.append(("ours on uvicorn", lambda: proxy_process(ours, ["--http-server", "uvicorn"])))
     if floor and uvicorn:
@@ -357,7 +360,7 @@ def _routers(mapping: dict[str, Any], exe: str | None, floor: bool = False,
 def bench_peer(quick: bool, exe: str | None, floor: bool = False, uvicorn: bool = False, *,
                rounds: int | None = None, seconds: float | None = None,
                cpu_only: bool = False, baseline: tuple[str, list[str]] | None = None,
-               tokens: int = 200) -> dict[str, Any]:
+               tokens: int = 200, floor_tick: bool = False) -> dict[str, Any]:
     """balanceroute serve and vllm-router, one after the other, in front of the same emulated
     decode cluster (G = 4, 20 ms steps), in rounds (direct, ours, peer; 3 rounds, 1 with
     ``quick``): added latency at 16 streams against the same round's direct read (chunks
@@ -366,7 +369,9 @@ def bench_peer(quick: bool, exe: str | None, floor: bool = False, uvicorn: bool 
     emulator never merges tokens). Latencies: the median over rounds; CPU: totals over rounds.
     ``floor`` adds ``relay_floor.py`` (the native server splicing the upstream chunks through
     the proxy's upstream client as they come) as a third router: what the HTTP stack, the event
-    loop and the sockets alone cost. ``rounds``/``seconds`` override the defaults; the routers
+    loop and the sockets alone cost; ``floor_tick`` adds it with the proxy's ledger and one BR-0
+    tick per request (``native-tick``): that cost with the policy's decision and nothing else.
+    ``rounds``/``seconds`` override the defaults; the routers
     take turns in each round, in reversed order every other round (no router always runs after
     the same one); ``cpu_only`` skips the latency rounds. The per-round ratio of our CPU per token
     to the peer's is kept too (its median and range: the load moves both routers of a round
@@ -385,7 +390,7 @@ def bench_peer(quick: bool, exe: str | None, floor: bool = False, uvicorn: bool 
     nan = float("nan")
 
     def turns(k: int, mapping: dict[str, Any]) -> list[tuple[str, Any]]:
-        order = _routers(mapping, exe, floor, uvicorn, baseline)
+        order = _routers(mapping, exe, floor, uvicorn, baseline, floor_tick)
         return order if k % 2 == 0 else order[::-1]
 
     if not cpu_only:
@@ -540,6 +545,9 @@ def main() -> int:
     parser.add_argument("--floor", action="store_true",
                         help="peer section: also measure benchmarks/relay_floor.py (the HTTP stack alone; "
                              "with --uvicorn also on uvicorn)")
+    parser.add_argument("--floor-tick", action="store_true",
+                        help="peer section: also measure relay_floor.py with the proxy's ledger and one "
+                             "BR-0 tick per request (the floor under the per-request goal)")
     parser.add_argument("--uvicorn", action="store_true",
                         help="peer section: also measure our proxy under uvicorn (--http-server uvicorn)")
     parser.add_argument("--rounds", type=int, default=None,
@@ -571,7 +579,7 @@ def main() -> int:
                 baseline = (args.baseline, stack.enter_context(baseline_build(args.baseline)))
             result["peer"] = bench_peer(args.quick, exe, args.floor, args.uvicorn, rounds=args.rounds,
                                         seconds=args.seconds, cpu_only=args.cpu_only, baseline=baseline,
-                                        tokens=args.tokens)
+                                        tokens=args.tokens, floor_tick=args.floor_tick)
     if args.section in ("policies", "all"):
         result["policies"] = bench_policies(args.quick, args.repeats)
     if args.json:

@@ -10,7 +10,14 @@ transport from the upstream connection's ``data_received`` (no coroutine per chu
 control and disconnects as in the proxy. ``uvicorn``: the same pipe under uvicorn (uvloop +
 httptools), a coroutine wake and an ASGI send per chunk.
 
-    python benchmarks/relay_floor.py PORT URL[,URL...] [native|uvicorn]
+``native-tick``: the native pipe plus the decision work a barrier-aware router cannot skip —
+each request admitted and pooled in the proxy's own :class:`~balanceroute.serving.ledger.Ledger`
+(64 slots per upstream), one BR-0 tick (``policy.assign`` on the state the ledger builds, as
+the proxy's dispatcher runs it) to choose its upstream, its slot freed at the end. Still no
+parsing of events, no token counts, no metrics: what a request costs on this stack with the
+policy and nothing else (the floor under the issue's per-request goal).
+
+    python benchmarks/relay_floor.py PORT URL[,URL...] [native|uvicorn|native-tick]
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import asyncio
 import itertools
 import json
 import sys
+import time
 from typing import Any
 
 import uvicorn
@@ -73,10 +81,45 @@ class _Pipe:
         self.done.set_result(None)
 
 
-def make_app(urls: list[str]) -> Any:
-    """The piping ASGI app over ``urls`` (spliced when the server offers it)."""
+class _Ticked:
+    """``native-tick``'s choice of upstream: the proxy's ledger, dispatcher and BR-0 tick (the
+    tick loop batches the arrivals of one event-loop turn, as in the proxy), nothing else."""
+
+    def __init__(self, urls: list[str]) -> None:
+        from balanceroute.serving.config import ProxyConfig
+        from balanceroute.serving.dispatch import Dispatcher
+        from balanceroute.serving.ledger import Ledger
+        from balanceroute.serving.proxy import build_policy
+
+        config = ProxyConfig.from_mapping({"kv_dialect": "none", "decode": [{"url": u} for u in urls],
+                                           "slots": 64, "policy": "br0"})
+        self.ledger = Ledger(config.replica_slots(), pool_capacity=config.pool_capacity)
+        self.dispatcher = Dispatcher(self.ledger, build_policy(config), tick_interval_s=config.tick_interval_s)
+        self.lease_s = config.kv_lease_s
+        # the kernels loaded before the first request: one tick on a scratch ledger, as the
+        # proxy's warm_up runs it (four pooled requests)
+        scratch = Ledger(config.replica_slots(), pool_capacity=config.pool_capacity)
+        warm = Dispatcher(scratch, build_policy(config), tick_interval_s=config.tick_interval_s)
+        for k in range(4):
+            scratch.enqueue(scratch.admit(f"warm-{k}"), 16 * (k + 1), time.monotonic(), self.lease_s)
+        warm.tick()
+        self.started = False
+
+    async def place(self, prompt_len: int) -> tuple[Any, int]:
+        """Admit and pool one request, wait for the tick that places it: (ticket, replica)."""
+        if not self.started:
+            self.dispatcher.start()
+            self.started = True
+        ticket = self.ledger.admit("floor", now=time.monotonic())
+        return ticket, await self.dispatcher.wait_for_slot(ticket, prompt_len, self.lease_s)
+
+
+def make_app(urls: list[str], ticked: bool = False) -> Any:
+    """The piping ASGI app over ``urls`` (spliced when the server offers it); ``ticked``: each
+    request's upstream chosen by the ledger and BR-0's tick (``native-tick``)."""
     targets = itertools.cycle(urls)
     pool = UpstreamPool()
+    chooser = _Ticked(urls) if ticked else None
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -94,25 +137,40 @@ def make_app(urls: list[str]) -> Any:
             message = await receive()
             body, more = body + message.get("body", b""), message.get("more_body", False)
         payload = {**json.loads(body), "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-        resp = await pool.post_stream(next(targets) + scope["path"], json.dumps(payload).encode(), {},
-                                      connect_timeout=5.0, read_timeout=60.0)
-        await send({"type": "http.response.start", "status": resp.status,
-                    "headers": [(b"content-type", b"text/event-stream")]})
-        spliced = scope.get("extensions", {}).get(SPLICE)
-        if spliced is not None:
-            pipe = _Pipe(resp, spliced["downstream"])
-            pipe.down.listen(pipe)
-            resp.attach(pipe)
-            await pipe.done
-            return
+        ticket = None
+        if chooser is None:
+            target = next(targets)
+        else:
+            ticket, g = await chooser.place(max(1, len(str(payload.get("prompt", ""))) // 4))
+            target = urls[g]
         try:
-            while data := await resp.read():
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await _relay(pool, target, scope, payload, send)
         finally:
-            await resp.aclose()
+            if ticket is not None:
+                chooser.dispatcher.finish(ticket, "ok")
 
     return app
+
+
+async def _relay(pool: UpstreamPool, target: str, scope: dict, payload: dict, send: Any) -> None:
+    """The request to ``target``, its body piped back (spliced when the server offers it)."""
+    resp = await pool.post_stream(target + scope["path"], json.dumps(payload).encode(), {},
+                                  connect_timeout=5.0, read_timeout=60.0)
+    await send({"type": "http.response.start", "status": resp.status,
+                "headers": [(b"content-type", b"text/event-stream")]})
+    spliced = scope.get("extensions", {}).get(SPLICE)
+    if spliced is not None:
+        pipe = _Pipe(resp, spliced["downstream"])
+        pipe.down.listen(pipe)
+        resp.attach(pipe)
+        await pipe.done
+        return
+    try:
+        while data := await resp.read():
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    finally:
+        await resp.aclose()
 
 
 async def _serve_native(app: Any, port: int) -> None:
@@ -120,8 +178,9 @@ async def _serve_native(app: Any, port: int) -> None:
 
 
 if __name__ == "__main__":
-    app = make_app(sys.argv[2].split(","))
-    if (sys.argv[3] if len(sys.argv) > 3 else "native") == "uvicorn":
+    mode = sys.argv[3] if len(sys.argv) > 3 else "native"
+    app = make_app(sys.argv[2].split(","), ticked=mode == "native-tick")
+    if mode == "uvicorn":
         uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", loop="uvloop",
                     http="httptools")
     else:
