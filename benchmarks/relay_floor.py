@@ -34,6 +34,7 @@ import uvicorn
 from balanceroute.serving.asgi import SPLICE, Downstream
 from balanceroute.serving.http1 import whole_chunk
 from balanceroute.serving.http_server import NativeServer
+from balanceroute.serving.protocol import approx_prompt_tokens
 from balanceroute.serving.runner import bind_socket
 from balanceroute.serving.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
@@ -89,20 +90,14 @@ class _Ticked:
         from balanceroute.serving.config import ProxyConfig
         from balanceroute.serving.dispatch import Dispatcher
         from balanceroute.serving.ledger import Ledger
-        from balanceroute.serving.proxy import build_policy
+        from balanceroute.serving.proxy import build_policy, warm_up_policy
 
         config = ProxyConfig.from_mapping({"kv_dialect": "none", "decode": [{"url": u} for u in urls],
                                            "slots": 64, "policy": "br0"})
         self.ledger = Ledger(config.replica_slots(), pool_capacity=config.pool_capacity)
         self.dispatcher = Dispatcher(self.ledger, build_policy(config), tick_interval_s=config.tick_interval_s)
         self.lease_s = config.kv_lease_s
-        # the kernels loaded before the first request: one tick on a scratch ledger, as the
-        # proxy's warm_up runs it (four pooled requests)
-        scratch = Ledger(config.replica_slots(), pool_capacity=config.pool_capacity)
-        warm = Dispatcher(scratch, build_policy(config), tick_interval_s=config.tick_interval_s)
-        for k in range(4):
-            scratch.enqueue(scratch.admit(f"warm-{k}"), 16 * (k + 1), time.monotonic(), self.lease_s)
-        warm.tick()
+        warm_up_policy(self.dispatcher.policy, config)  # the kernels loaded, as the proxy does
         self.started = False
 
     async def place(self, prompt_len: int) -> tuple[Any, int]:
@@ -141,7 +136,7 @@ def make_app(urls: list[str], ticked: bool = False) -> Any:
         if chooser is None:
             target = next(targets)
         else:
-            ticket, g = await chooser.place(max(1, len(str(payload.get("prompt", ""))) // 4))
+            ticket, g = await chooser.place(approx_prompt_tokens(payload))  # the proxy's s_i estimate
             target = urls[g]
         try:
             await _relay(pool, target, scope, payload, send)

@@ -61,9 +61,33 @@ from .stream_relay import StreamRelay
 from .upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from .upstream_httpx import HttpxUpstream
 
-__all__ = ["Proxy", "build_policy", "error_response"]
+__all__ = ["Proxy", "build_policy", "error_response", "warm_up_policy"]
 
 log = logging.getLogger("balanceroute.serving.proxy")
+
+
+def warm_up_policy(policy: Policy, config: ProxyConfig) -> None:
+    """Run a copy of ``policy`` once on a scratch ledger of ``config``'s cluster shape, so a
+    compiled tick is compiled (or loaded from its cache) before the first request, not during
+    it. The policy object itself is not called: its state (cursors, memos) and anything
+    watching it see only real ticks. A failure is logged (the per-tick fallback takes over if
+    the policy keeps failing)."""
+    scratch = Ledger(config.replica_slots(), pool_capacity=config.pool_capacity)
+    for k in range(min(4, config.pool_capacity)):
+        scratch.enqueue(scratch.admit(f"warm-{k}"), 16 * (k + 1), 0.0, config.kv_lease_s)
+    inputs = scratch.build_tick(0.0)
+    t0 = time.perf_counter()
+    try:
+        twin = copy.deepcopy(policy)
+        learner = getattr(twin, "predictor", None)
+        if getattr(learner, "ready", True) is False:  # compile its forecast, too
+            for _ in range(learner.min_samples):
+                learner.observe(64)
+        if inputs is not None:
+            twin.assign(*inputs)
+    except Exception as exc:
+        log.warning("policy warm-up failed: %r", exc)
+    log.debug("policy warm-up took %.3f s", time.perf_counter() - t0)
 
 
 def build_policy(config: ProxyConfig) -> Policy:
@@ -169,26 +193,8 @@ class Proxy:
 
     # ----------------------------------------------------------------- lifecycle
     def warm_up(self) -> None:
-        """Run a copy of the policy once on a scratch ledger of this cluster's shape, so a
-        compiled tick is compiled (or loaded from its cache) before the first request, not
-        during it. The policy object itself is not called: its state (cursors, memos) and
-        anything watching it see only real ticks."""
-        scratch = Ledger(self.config.replica_slots(), pool_capacity=self.config.pool_capacity)
-        for k in range(min(4, self.config.pool_capacity)):
-            scratch.enqueue(scratch.admit(f"warm-{k}"), 16 * (k + 1), 0.0, self.config.kv_lease_s)
-        inputs = scratch.build_tick(0.0)
-        t0 = time.perf_counter()
-        try:
-            twin = copy.deepcopy(self.policy)
-            learner = getattr(twin, "predictor", None)
-            if getattr(learner, "ready", True) is False:  # compile its forecast, too
-                for _ in range(learner.min_samples):
-                    learner.observe(64)
-            if inputs is not None:
-                twin.assign(*inputs)
-        except Exception as exc:  # the per-tick fallback takes over if the policy keeps failing
-            log.warning("policy warm-up failed: %r", exc)
-        log.debug("policy warm-up took %.3f s", time.perf_counter() - t0)
+        """:func:`warm_up_policy` on this proxy's policy and cluster shape."""
+        warm_up_policy(self.policy, self.config)
         self.warm = True
 
     async def start(self) -> None:
