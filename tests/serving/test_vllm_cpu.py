@@ -58,7 +58,9 @@ START_TIMEOUT_S = 900.0
 # before the hang-up reached it: in 1 of 6 repeated runs of the two abort tests as they were, in
 # one CI run, and in 3 of 4 runs of two variants (greedy; logprobs on chat) that did not help.
 LONG_STREAM = 60_000
-FIRST_TOKEN_S = 120.0  # the proxy's decode first-token timeout here (a late vLLM is not under test)
+# the proxy's decode first-token and stall timeouts here (a late vLLM is not under test; the
+# stall timeout bounds every upstream read, the first byte's too)
+FIRST_TOKEN_S = 120.0
 
 pytestmark = [
     pytest.mark.skipif(
@@ -142,13 +144,14 @@ def vllm_servers(model: Path, logs: Path, specs: list[tuple[list[str], str]]) ->
 def balanceroute_serve(args: list[str], log: Path) -> Iterator[str]:
     """``balanceroute serve --kv-dialect none`` on a free port; yields its URL. Health probes
     off: on a loaded CI box one late probe takes a replica out (issue 12), and nothing here
-    fails on purpose. First-token timeout ``FIRST_TOKEN_S``: a starved vLLM API process sent
-    no first token for 30 s in CI while its engine generated."""
+    fails on purpose. First-token and stall timeouts ``FIRST_TOKEN_S``: a starved vLLM API
+    process sent nothing for 30 s in CI while its engine generated (503 in one run, a retry on
+    the busy server in another)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     cmd = [sys.executable, "-m", "balanceroute.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--kv-dialect", "none", "--slots", "8", "--health-interval", "0", "--log-level", "warning",
-           "--first-token-timeout", str(FIRST_TOKEN_S), *args]
+           "--first-token-timeout", str(FIRST_TOKEN_S), "--stall-timeout", str(FIRST_TOKEN_S), *args]
     with _process(cmd, log, env) as proc:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", timeout=120.0, proc=proc, interval=0.2, context=lambda: _tail(log))
