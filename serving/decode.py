@@ -56,15 +56,19 @@ class KvMaybeSpent(LeaseExpired):
 
 
 class _Retryable(Exception):
-    """An attempt failed before the first token. ``connect``: charge the replica at once.
-    ``sent``: the request may have reached the decode server (which may then have pulled its
-    KV); ``False`` only when no connection was made."""
+    """An attempt failed before the first token. ``connect``: charge the replica at once;
+    otherwise it is charged once the request succeeds elsewhere, unless ``excused`` (a timeout
+    while the proxy's own loop lagged: only retried). ``sent``: the request may have reached
+    the decode server (which may then have pulled its KV); ``False`` only when no connection
+    was made."""
 
-    def __init__(self, kind: str, message: str, *, connect: bool = False, sent: bool = True) -> None:
+    def __init__(self, kind: str, message: str, *, connect: bool = False, sent: bool = True,
+                 excused: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
-        self.connect = connect
+        self.connect = connect and not excused
         self.sent = sent
+        self.excused = excused
 
 
 @dataclass(slots=True, eq=False)
@@ -135,7 +139,7 @@ class DecodeStage:
                             cfg.decode[g].label, ticket.decode_attempts, exc)
                 if exc.connect:
                     self.members.record(g, False)
-                else:
+                elif not exc.excused:
                     suspects.append(g)
                 if len(set(suspects)) >= cfg.outlier.poison_hosts:
                     self.metrics.poison.labels("decode").inc()
@@ -182,13 +186,21 @@ class DecodeStage:
                 return await self._attempt(ticket, g, creq, body)
         except TimeoutError:
             # charged at once, unless the proxy's own loop lagged meanwhile (then only retried)
-            own = self.members.lag.max_since(start) > 0.1 * limit
             raise _Retryable("decode_timeout", f"decode {g}: no first token within {limit:g} s",
-                             connect=not own) from None
+                             connect=True, excused=self.members.lag.excuses(start, limit)) from None
+
+    def _excused(self, exc: UpstreamError, start: float) -> bool:
+        """Whether a connect or read timeout (timer running since loop time ``start`` at the
+        earliest) fired while the proxy's own loop lagged: then it says nothing of the replica."""
+        if not exc.timed_out:
+            return False
+        bound = self.config.connect_timeout_s if exc.connect else self.config.decode_read_timeout_s
+        return self.members.lag.excuses(max(start, asyncio.get_running_loop().time() - bound), bound)
 
     async def _attempt(self, ticket: Ticket, g: int, creq: ClientRequest, body: bytes) -> DecodeStream:
         cfg = self.config
         rep = cfg.decode[g]
+        start = asyncio.get_running_loop().time()
         try:
             response = await self.upstream.post_stream(
                 rep.url + creq.path, body, upstream_headers(ticket.request_id, rep.dp_rank, rep.api_key()),
@@ -197,8 +209,8 @@ class DecodeStage:
             if exc.local:  # the proxy's own descriptors or buffers: nobody else's failure
                 log.warning("%s: decode replica %d not tried: %s", ticket.request_id, g, exc)
                 raise out_of_resources(cfg.retry_after_s) from None
-            raise _Retryable("decode_connect", f"decode {g}: {exc}", connect=exc.connect,
-                             sent=not exc.connect) from None
+            raise _Retryable("decode_connect", f"decode {g}: {exc}", connect=exc.connect, sent=not exc.connect,
+                             excused=self._excused(exc, start)) from None
         if response.status != 200:
             try:
                 content = await response.aread()
@@ -240,7 +252,7 @@ class DecodeStage:
             raise _Retryable(exc.kind, str(exc)) from None
         except UpstreamError as exc:
             await stream.aclose()
-            raise _Retryable("decode_stream", f"decode {g}: {exc}") from None
+            raise _Retryable("decode_stream", f"decode {g}: {exc}", excused=self._excused(exc, start)) from None
         except BaseException:
             await stream.aclose()
             raise

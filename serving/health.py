@@ -103,6 +103,14 @@ class LoopLag:
             worst = max(worst, lag)
         return worst
 
+    def excuses(self, start: float, bound: float) -> bool:
+        """Whether a timer of ``bound`` seconds that ran from loop time ``start`` and fired says
+        nothing about the other side: the loop itself ran more than a tenth of the bound late
+        meanwhile (the upstream's answer may have sat unread). The one rule for every timeout
+        that would charge a host: probes, prefill attempts, decode connects, first tokens and
+        mid-stream reads."""
+        return self.max_since(start) > 0.1 * bound
+
 
 class Membership:
     """Decode replicas' service state (``outliers``, ``drained``, ``panic``) and the probes."""
@@ -210,9 +218,7 @@ class Membership:
             resp = await self.client.get(url + "/health", headers=upstream_headers("health", dp_rank, api_key),
                                          timeout=timeout)
         except httpx.TimeoutException:
-            if self.lag.max_since(start) > 0.1 * timeout:
-                return None
-            return False
+            return None if self.lag.excuses(start, timeout) else False
         except httpx.HTTPError as exc:
             return None if local_error(exc) else False
         except OSError as exc:

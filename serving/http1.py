@@ -40,12 +40,16 @@ _SIZE, _DATA, _CRLF, _TRAILER, _DONE = range(5)
 class UpstreamError(Exception):
     """An upstream call failed; ``connect`` when no connection could be made (refused or
     timed out), the evidence that charges a replica at once; ``local`` when the proxy itself
-    ran out of something (:data:`LOCAL_ERRNOS`), which charges nobody."""
+    ran out of something (:data:`LOCAL_ERRNOS`), which charges nobody; ``timed_out`` when a
+    timer ended it (connect or read timeout), which charges the replica only if the proxy's own
+    loop kept time meanwhile (:meth:`~balanceroute.serving.health.LoopLag.excuses`)."""
 
-    def __init__(self, message: str, *, connect: bool = False, local: bool = False) -> None:
+    def __init__(self, message: str, *, connect: bool = False, local: bool = False,
+                 timed_out: bool = False) -> None:
         super().__init__(message)
         self.connect = connect and not local
         self.local = local
+        self.timed_out = timed_out
 
 
 _SIZE_LINES = tuple(b"%x\r\n" % n for n in range(1 << 12))  # the usual chunks' size lines, made once

@@ -237,7 +237,8 @@ class PrefillStage:
                 if isinstance(exc, (TimeoutError, httpx.TimeoutException)) and not isinstance(exc, httpx.PoolTimeout):
                     last = f"prefill {target.url}: no answer within {deadline:.3g} s ({type(exc).__name__})"
                     self.metrics.errors.labels("prefill_timeout").inc()
-                    if self.lag is None or self.lag.max_since(started) <= 0.1 * deadline:
+                    bound = cfg.connect_timeout_s if isinstance(exc, httpx.ConnectTimeout) else deadline
+                    if self.lag is None or not self.lag.excuses(started, bound):
                         self._record(target.index, False)  # the instance's failure (not the proxy's lag)
                 elif isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
                     self._record(target.index, False)  # the instance's fault, not the request's

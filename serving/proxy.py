@@ -431,11 +431,17 @@ class Proxy:
         self.ledger.progress(ticket, done)
 
     def _broken(self, ticket: Ticket, exc: StreamBroken) -> None:
-        """A stream broke after its first token: counted, charged to its replica, logged (the
-        client's error event says less), ended."""
-        log.warning("%s: decode replica %d failed mid-stream: %s", ticket.request_id, ticket.replica, exc)
+        """A stream broke after its first token: counted, charged to its replica (unless a read
+        timeout fired while the proxy's own loop lagged), logged (the client's error event says
+        less), ended."""
+        bound = self.config.decode_read_timeout_s
+        lag = self.members.lag
+        excused = exc.timed_out and lag.excuses(asyncio.get_running_loop().time() - bound, bound)
+        log.warning("%s: decode replica %d failed mid-stream%s: %s", ticket.request_id, ticket.replica,
+                    " (not charged: the proxy's own loop lagged)" if excused else "", exc)
         self.metrics.errors.labels(exc.kind).inc()
-        self.members.record(ticket.replica, False)
+        if not excused:
+            self.members.record(ticket.replica, False)
         self._end(ticket, exc.kind)
 
     async def _assemble(self, ticket: Ticket, stream: DecodeStream, creq: ClientRequest) -> dict:

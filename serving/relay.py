@@ -41,11 +41,13 @@ _DONE = b"[DONE]"
 
 
 class StreamBroken(Exception):
-    """Decode's stream broke or broke protocol; ``kind`` is the metrics label."""
+    """Decode's stream broke or broke protocol; ``kind`` is the metrics label; ``timed_out``
+    when the read timeout ended it (see :class:`UpstreamError`)."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, *, timed_out: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
+        self.timed_out = timed_out
 
 
 def event_error(obj: dict) -> str | None:

@@ -111,7 +111,8 @@ class StreamRelay:
                     try:
                         batch = await stream.next_batch()
                     except UpstreamError as exc:
-                        raise StreamBroken("decode_stream", f"decode stream broke: {exc}") from None
+                        raise StreamBroken("decode_stream", f"decode stream broke: {exc}",
+                                           timed_out=exc.timed_out) from None
                     if not batch:
                         tail = self._at_end()
                         outcome = "ok"
@@ -298,7 +299,7 @@ class StreamRelay:
 
     def on_error(self, exc: UpstreamError) -> None:
         """The upstream body broke (connection lost, bad framing, read timeout)."""
-        self._fail(StreamBroken("decode_stream", f"decode stream broke: {exc}"))
+        self._fail(StreamBroken("decode_stream", f"decode stream broke: {exc}", timed_out=exc.timed_out))
 
     def on_gone(self) -> None:
         """The client left: abort upstream."""

@@ -134,7 +134,8 @@ class UpstreamPool:
                 self._closed(key)
                 raise UpstreamError(f"connect to {host}:{port}: {last_local}", local=True) from None
             self._closed(key)
-            raise UpstreamError(f"connect to {host}:{port} timed out after {timeout:g} s", connect=True) from None
+            raise UpstreamError(f"connect to {host}:{port} timed out after {timeout:g} s", connect=True,
+                                timed_out=True) from None
         except OSError as exc:
             self._closed(key)
             raise UpstreamError(f"connect to {host}:{port} failed: {exc}", connect=True,

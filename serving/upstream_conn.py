@@ -120,7 +120,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._timer = self.loop.call_later(self._timeout, self._on_timer)
         elif idle >= self._timeout:
             self._timer = None
-            exc = UpstreamError(f"no data from upstream for {self._timeout:g} s (read timeout)")
+            exc = UpstreamError(f"no data from upstream for {self._timeout:g} s (read timeout)", timed_out=True)
             if self.push is not None:
                 self.push.pushed_end(exc)
             else:

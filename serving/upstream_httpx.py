@@ -30,7 +30,8 @@ class _HttpxResponse:
         except StopAsyncIteration:
             return b""
         except httpx.HTTPError as exc:
-            raise UpstreamError(f"{type(exc).__name__}: {exc}") from None
+            raise UpstreamError(f"{type(exc).__name__}: {exc}",
+                                timed_out=isinstance(exc, httpx.TimeoutException)) from None
 
     async def aread(self, limit: int = 1 << 20) -> bytes:
         parts = []
@@ -62,7 +63,7 @@ class HttpxUpstream:
         except httpx.HTTPError as exc:
             raise UpstreamError(f"{type(exc).__name__}: {exc}",
                                 connect=isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)),
-                                local=local_error(exc)) from None
+                                local=local_error(exc), timed_out=isinstance(exc, httpx.TimeoutException)) from None
 
     async def aclose(self) -> None:
         """Nothing to close: the client belongs to whoever injected it."""

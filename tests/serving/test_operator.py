@@ -28,7 +28,16 @@ from balanceroute.serving.proxy import Proxy
 from balanceroute.serving.routes import create_proxy_app
 from balanceroute.serving.runner import ServerThread, bind_socket, server_options
 
-from .conftest import assert_drained, mock_proxy, pd_config, running_emulator, wait_until
+from .conftest import (
+    ByteStream,
+    assert_drained,
+    chunk,
+    mock_proxy,
+    pd_config,
+    prefill_reply,
+    running_emulator,
+    wait_until,
+)
 
 BIN = Path(sys.executable).with_name("balanceroute")
 
@@ -139,6 +148,45 @@ async def test_probes_that_time_out_while_the_proxys_loop_lags_are_not_counted(b
             assert "no decode replica" in (proxy.unready_reason() or "")
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("blocking", [True, False])
+@pytest.mark.parametrize("where", ["connect", "mid_stream"])
+async def test_decode_timeouts_while_the_proxys_loop_lags_charge_no_replica(where: str, blocking: bool) -> None:
+    """The probes' rule for every timeout that would charge a decode replica: one that fires
+    while the proxy's own loop ran late (here: blocked 0.4 s, a tenth of the 1 s bound is
+    0.1 s) says nothing of the replica. Before it, a busy machine could eject a healthy one."""
+    def stall() -> None:
+        if blocking:
+            time.sleep(0.4)
+
+    async def broken_after_one_token():
+        yield chunk(" t0", 1)
+        stall()
+        raise httpx.ReadTimeout("timed out")
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host.startswith("p"):
+            return prefill_reply()
+        if where == "connect":
+            stall()
+            raise httpx.ConnectTimeout("timed out", request=request)
+        return httpx.Response(200, stream=ByteStream(broken_after_one_token()))
+
+    config = pd_config(connect_timeout_s=1.0, decode_read_timeout_s=1.0, max_attempts=2,
+                       outlier={"consecutive_failures": 100})
+    async with mock_proxy(config, handler) as (client, proxy):
+        await asyncio.sleep(0.2)  # the lag monitor has a baseline
+        body = {"prompt": "x", "max_tokens": 4, "stream": where == "mid_stream"}
+        resp = await client.post("/v1/completions", json=body)
+        charged = [h.consecutive for h in proxy.members.outliers.hosts]
+        if where == "connect":
+            assert resp.status_code == 502  # both replicas tried, neither answered
+        else:
+            assert resp.status_code == 200 and b'"error"' in resp.content  # broken after a token
+        assert sum(charged) == (0 if blocking else 2 if where == "connect" else 1), charged
+        assert_drained(proxy)
+
+
 # ---------------------------------------------------------------------- 2. drain
 def _start_serve(tmp_path: Path, mapping: dict[str, Any], *, prlimit: str | None = None
                  ) -> tuple[subprocess.Popen, str, list[str]]:
@@ -226,7 +274,6 @@ async def test_after_the_grace_pooled_requests_get_503_and_streams_an_error_even
         yield chunk(" t0", 1)
         await asyncio.sleep(3600)
 
-    from .conftest import ByteStream, prefill_reply
 
     def handler(request: httpx.Request) -> httpx.Response:
         if b'"max_tokens":1,' in request.content or b'"max_tokens": 1,' in request.content:

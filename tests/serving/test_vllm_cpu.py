@@ -190,6 +190,22 @@ def scrape(url: str, budget: float = SCRAPE_BUDGET_S) -> list[tuple[str, dict[st
     return [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples]
 
 
+def prompt_tokens(url: str, model: str, messages: list[dict[str, str]], budget: float = SCRAPE_BUDGET_S) -> int:
+    """The chat prompt's token count from ``url``/tokenize, asked again while the API process is
+    too busy to answer, as :func:`scrape` (CI saw a vLLM API process silent for 30 s)."""
+    end = time.monotonic() + budget
+    while True:
+        try:
+            resp = httpx.post(url + "/tokenize", json={"model": model, "messages": messages,
+                                                       "add_generation_prompt": True}, timeout=30.0)
+            break
+        except httpx.TimeoutException:
+            if time.monotonic() > end:
+                raise AssertionError(f"{url}/tokenize answered nothing for {budget:.0f} s") from None
+    resp.raise_for_status()
+    return int(resp.json()["count"])
+
+
 def metric(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
     """The sum of ``name`` over the samples whose labels include ``labels``."""
     found = [v for n, lab, v in samples if n == name and all(lab.get(k) == w for k, w in labels.items())]
@@ -273,10 +289,7 @@ class Cluster:
 
 
 def _cluster(proxy: str, upstreams: list[str], proxy_log: Path) -> Cluster:
-    tok = httpx.post(upstreams[0] + "/tokenize", json={"model": MODEL, "messages": MESSAGES,
-                                                        "add_generation_prompt": True}, timeout=30)
-    tok.raise_for_status()
-    cluster = Cluster(proxy=proxy, upstreams=upstreams, chat_prompt_tokens=tok.json()["count"],
+    cluster = Cluster(proxy=proxy, upstreams=upstreams, chat_prompt_tokens=prompt_tokens(upstreams[0], MODEL, MESSAGES),
                       proxy_log=proxy_log)
     assert cluster.chat_prompt_tokens > len(MESSAGES[0]["content"].split())
     return cluster

@@ -60,7 +60,17 @@ import pytest
 
 from benchmarks.servers import free_port, wait_http
 
-from .test_vllm_cpu import CASES, _case_id, _process, _tail, draining, metric, scrape, wait_until
+from .test_vllm_cpu import (
+    CASES,
+    _case_id,
+    _process,
+    _tail,
+    draining,
+    metric,
+    prompt_tokens,
+    scrape,
+    wait_until,
+)
 
 VLLM_PYTHON = os.environ.get("BALANCEROUTE_VLLM_PYTHON", "")
 #: on the servers' PYTHONPATH: its sitecustomize stops NIXL's progress thread from spinning a core
@@ -227,10 +237,17 @@ def _by_engine(url: str) -> dict[str, float]:
     return out
 
 
+WARM_TIMEOUT_S = 600  # a fresh server's first logprobs request compiles its sampler, three at once
+
+
 def _post(url: str, body: dict[str, Any], chat: bool = False,
           headers: dict[str, str] | None = None) -> httpx.Response:
-    return httpx.post(url + ("/v1/chat/completions" if chat else "/v1/completions"), json=body,
-                      headers=headers or {}, timeout=300)
+    """A warm-up request, straight to a vLLM server (a time-out fails naming the server)."""
+    path = url + ("/v1/chat/completions" if chat else "/v1/completions")
+    try:
+        return httpx.post(path, json=body, headers=headers or {}, timeout=WARM_TIMEOUT_S)
+    except httpx.TimeoutException as exc:
+        raise AssertionError(f"{path} answered nothing within {WARM_TIMEOUT_S} s ({exc!r})") from None
 
 
 def _completion(url: str, body: dict[str, Any], chat: bool = False,
@@ -395,10 +412,7 @@ class PD:
 def pd(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PD]:
     log = tmp_path_factory.mktemp("logs-pd-proxy") / "proxy.log"
     with proxy(servers, log) as url:
-        tok = httpx.post(servers.decode[0] + "/tokenize", json={"model": MODEL, "messages": MESSAGES,
-                                                                 "add_generation_prompt": True}, timeout=30)
-        tok.raise_for_status()
-        yield PD(url=url, servers=servers, log=log, chat_prompt_tokens=tok.json()["count"])
+        yield PD(url=url, servers=servers, log=log, chat_prompt_tokens=prompt_tokens(servers.decode[0], MODEL, MESSAGES))
 
 
 # ---------------------------------------------------------------------- requests
