@@ -124,7 +124,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a decode attempt's deadline for its first token before it is retried on "
                         "another replica (30)")
     t.add_argument("--stall-timeout", type=float, metavar="SECONDS", dest="decode_read_timeout_s",
-                   help="a decode stream silent this long ends with an error event (30)")
+                   help="a decode stream silent this long after its first token ends with an error "
+                        "event (30)")
     t.add_argument("--header-timeout", type=float, metavar="SECONDS", dest="header_timeout_s",
                    help="a client's request line and headers must arrive within this (10)")
     t.add_argument("--body-timeout", type=float, metavar="SECONDS", dest="body_timeout_s",

@@ -204,7 +204,9 @@ class DecodeStage:
         try:
             response = await self.upstream.post_stream(
                 rep.url + creq.path, body, upstream_headers(ticket.request_id, rep.dp_rank, rep.api_key()),
-                connect_timeout=cfg.connect_timeout_s, read_timeout=cfg.decode_read_timeout_s)
+                # up to the first token only its deadline applies (the caller's), then the stall timeout
+                connect_timeout=cfg.connect_timeout_s,
+                read_timeout=max(cfg.decode_read_timeout_s, cfg.decode_first_token_timeout_s))
         except UpstreamError as exc:
             if exc.local:  # the proxy's own descriptors or buffers: nobody else's failure
                 log.warning("%s: decode replica %d not tried: %s", ticket.request_id, g, exc)
@@ -238,6 +240,7 @@ class DecodeStage:
                         raise _Retryable("decode_error_event", f"decode {g}: {message}")
                     self.observe(ticket, event)
                     if has_token(event.parsed()):
+                        response.read_timeout = cfg.decode_read_timeout_s
                         stream.buffered = pending
                         if not ticket.first_token:
                             ticket.first_token = True

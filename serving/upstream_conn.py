@@ -86,6 +86,13 @@ class UpstreamConnection(asyncio.Protocol):
             else:
                 waiter.set_exception(exc)
 
+    def set_timeout(self, timeout: float) -> None:
+        """A new read timeout for the response being read; a running wait starts again now."""
+        self._timeout = timeout
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = self.loop.call_later(timeout, self._on_timer)
+
     # reading
     async def receive(self, timeout: float) -> bytes:
         """The bytes received since the last call (``b""`` at EOF); ``UpstreamError`` after
@@ -185,6 +192,17 @@ class UpstreamResponse:
         self._rest = rest
         self._sink: BodySink | None = None
         self._on_frame: Callable[[bytes], bool] | None = None
+
+    @property
+    def read_timeout(self) -> float:
+        """Seconds without a byte before a read fails; settable mid-response (decode's first
+        token is awaited under its own deadline, the rest under the stall timeout)."""
+        return self._timeout
+
+    @read_timeout.setter
+    def read_timeout(self, timeout: float) -> None:
+        self._timeout = timeout
+        self._conn.set_timeout(timeout)
 
     async def read(self) -> bytes:
         """The next body bytes (``b""`` once the body has ended)."""

@@ -3,6 +3,8 @@ swap its transport); pull mode only (``read()`` per body part)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 
 from .http1 import UpstreamError, local_error
@@ -20,15 +22,21 @@ class _HttpxResponse:
         encoded = response.headers.get("content-encoding", "identity") not in ("", "identity")
         raw = not encoded and not response.is_stream_consumed  # a mock's body may be read already
         self._chunks = response.aiter_raw() if raw else response.aiter_bytes()
+        #: set mid-response, a bound per read of its own (httpx fixes the request's when it is sent)
+        self.read_timeout: float | None = None
 
     async def read(self) -> bytes:
         try:
-            while True:
-                part = await self._chunks.__anext__()
-                if part:
-                    return part
+            async with asyncio.timeout(self.read_timeout):
+                while True:
+                    part = await self._chunks.__anext__()
+                    if part:
+                        return part
         except StopAsyncIteration:
             return b""
+        except TimeoutError:
+            raise UpstreamError(f"no data from upstream for {self.read_timeout:g} s (read timeout)",
+                                timed_out=True) from None
         except httpx.HTTPError as exc:
             raise UpstreamError(f"{type(exc).__name__}: {exc}",
                                 timed_out=isinstance(exc, httpx.TimeoutException)) from None

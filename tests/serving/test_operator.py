@@ -400,6 +400,36 @@ def test_without_a_prefill_stage_a_first_token_timeout_as_long_as_the_pool_wait_
                for r in results), results
 
 
+def test_the_stall_timeout_bounds_a_stream_after_its_first_token_not_before() -> None:
+    """Up to the first token only ``decode_first_token_timeout_s`` applies: a replica that
+    prefills for 1.5 s before it answers (no prefill stage) is not cut by a 0.5 s stall
+    timeout (before, the read timeout fired on the response's head and every attempt failed).
+    After the first token the stall timeout does apply: a stream frozen then ends within it."""
+    stall, limit = 0.5, 10.0
+    with running_emulator(num_replicas=2, slots=4, time_scale=0.1, prefill_b=15.0) as emu, \
+            serving({**emu.proxy_mapping("none"), "policy": "least_load", "decode_read_timeout_s": stall,
+                     "decode_first_token_timeout_s": limit, "health_interval_s": 0}) as (url, proxy, server):
+
+        async def run() -> tuple[dict, dict, float]:
+            async with httpx.AsyncClient(timeout=60) as http:
+                slow = await stream_one(http, url, 3)
+                got = asyncio.Event()
+                frozen = asyncio.ensure_future(stream_one(http, url, 100_000, got))
+                await asyncio.wait_for(got.wait(), 30)
+                g = next(t.replica for t in proxy.ledger.tickets.values())
+                fault(emu, "decode", g, "hang")
+                t_hang = time.monotonic()
+                return slow, await frozen, t_hang
+
+        slow, frozen, t_hang = asyncio.run(run())
+        retried = on_loop(server, lambda: proxy.metrics.retries.labels("decode")._value.get())
+        for g in range(2):
+            fault(emu, "decode", g, "thaw")
+    assert slow["status"] == 200 and slow["done"] and slow["tokens"] == 3 and slow["ttft"] >= 1.4, slow
+    assert retried == 0, "the first attempt was cut before its first token"
+    assert frozen["error"] is not None and frozen["end"] - t_hang <= stall + 2.5, (frozen, frozen["end"] - t_hang)
+
+
 # ----------------------------------------------------------------- 4. client limits
 @pytest.mark.parametrize("http_server", ["native", "uvicorn"])
 @pytest.mark.parametrize("sent", [b"P", b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 100\r\n\r\n{"])

@@ -58,8 +58,8 @@ START_TIMEOUT_S = 900.0
 # before the hang-up reached it: in 1 of 6 repeated runs of the two abort tests as they were, in
 # one CI run, and in 3 of 4 runs of two variants (greedy; logprobs on chat) that did not help.
 LONG_STREAM = 60_000
-# the proxy's decode first-token and stall timeouts here (a late vLLM is not under test; the
-# stall timeout bounds every upstream read, the first byte's too)
+# the proxy's decode first-token and stall timeouts here (a late vLLM is not under test: beside
+# two busy loops a vLLM API process once sent nothing for 30 s, before and after a first token)
 FIRST_TOKEN_S = 120.0
 
 pytestmark = [
