@@ -59,7 +59,9 @@ START_TIMEOUT_S = 900.0
 # one CI run, and in 3 of 4 runs of two variants (greedy; logprobs on chat) that did not help.
 LONG_STREAM = 60_000
 # the proxy's decode first-token and stall timeouts here (a late vLLM is not under test: beside
-# two busy loops a vLLM API process once sent nothing for 30 s, before and after a first token)
+# two busy loops a vLLM API process once sent nothing for 30 s, before and after a first token),
+# and its client header and body timeouts (a late test client is not either: in CI a request sent
+# beside a relayed 60k-token stream started more than the default 10 s after its connection)
 FIRST_TOKEN_S = 120.0
 
 pytestmark = [
@@ -151,7 +153,8 @@ def balanceroute_serve(args: list[str], log: Path) -> Iterator[str]:
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     cmd = [sys.executable, "-m", "balanceroute.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--kv-dialect", "none", "--slots", "8", "--health-interval", "0", "--log-level", "warning",
-           "--first-token-timeout", str(FIRST_TOKEN_S), "--stall-timeout", str(FIRST_TOKEN_S), *args]
+           "--first-token-timeout", str(FIRST_TOKEN_S), "--stall-timeout", str(FIRST_TOKEN_S),
+           "--header-timeout", str(FIRST_TOKEN_S), "--body-timeout", str(FIRST_TOKEN_S), *args]
     with _process(cmd, log, env) as proc:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", timeout=120.0, proc=proc, interval=0.2, context=lambda: _tail(log))

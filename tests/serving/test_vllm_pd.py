@@ -369,6 +369,8 @@ def proxy(servers: Servers, log: Path, *extra: str, lease_s: float = LEASE_S) ->
            # an engine step here can stall for tens of seconds on two starved cores: a retry (a
            # new prefill, never the same KV) is right for a proxy but breaks exact accounting
            "--prefill-timeout", "240", "--first-token-timeout", "240", "--stall-timeout", "240",
+           # nor is a test client starved between its connect and its request
+           "--header-timeout", "240", "--body-timeout", "240",
            # the short-lease test's held streams are not read while the pool waits
            "--write-stall-timeout", "240", *extra]
     with _process(cmd, log, env) as proc:
