@@ -225,3 +225,52 @@ def test_random_bytes_never_crash_the_server(parts: list[bytes]) -> None:
     with logged_errors() as errors:
         asyncio.run(main())
     assert not errors, [record.getMessage() for record in errors]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("where", ["first", "keep_alive"])
+def test_a_request_that_came_while_the_servers_loop_stalled_is_served(loop: str, where: str) -> None:
+    """The server's own deadlines (a new connection's first request, an idle keep-alive
+    connection) judge the client, not the server: a request that arrived while the server's
+    loop was busy past the deadline (here: an I/O callback that blocks 1 s, as relaying a long
+    stream can on a starved machine) is read and answered, not closed unread. uvloop runs due
+    timers before it polls the sockets again; without the check it closed such a connection."""
+    import socket
+    import threading
+    import time
+
+    request = b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n"
+
+    async def main() -> bytes:
+        async with native(header_timeout_s=0.5, keep_alive_s=0.5) as (_, port, _):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            busy_r, busy_w = socket.socketpair()
+            loop = asyncio.get_running_loop()
+            try:
+                await asyncio.sleep(0.1)  # accepted: the first-request deadline runs
+                if where == "keep_alive":
+                    sock.sendall(request)
+                    got = await asyncio.to_thread(sock.recv, 65536)
+                    assert got.startswith(b"HTTP/1.1 200"), got
+                    await asyncio.sleep(0.1)  # answered: the keep-alive deadline runs
+
+                def busy() -> None:  # an I/O callback that holds the loop past the deadline
+                    busy_r.recv(1)
+                    loop.remove_reader(busy_r.fileno())
+                    time.sleep(1.0)
+
+                loop.add_reader(busy_r.fileno(), busy)
+                busy_w.send(b"x")
+                threading.Timer(0.4, sock.sendall, [request]).start()  # arrives during the stall
+                await asyncio.sleep(1.5)
+                return await asyncio.to_thread(sock.recv, 65536)
+            finally:
+                for s in (sock, busy_r, busy_w):
+                    s.close()
+
+    if loop == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        got = uvloop.run(main())
+    else:
+        got = asyncio.run(main())
+    assert got.startswith(b"HTTP/1.1 200"), got
