@@ -27,6 +27,7 @@ import json
 import logging
 import math
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -85,7 +86,7 @@ class _HttpProtocol(asyncio.Protocol):
             self._refuse = (503, "the proxy is at its connection limit; retry shortly", "proxy_overloaded")
         # a new connection's first request must start within the header timeout (a keep-alive
         # connection between requests gets keep_alive_s)
-        self._timer = self._deadline(self.server.header_timeout_s, self._close_idle)
+        self._deadline("_timer", self.server.header_timeout_s, transport.close)
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -131,7 +132,7 @@ class _HttpProtocol(asyncio.Protocol):
     def pause_writing(self) -> None:
         self.write_paused = True
         if self._stall_timer is None:
-            self._stall_timer = self._deadline(self.server.write_stall_timeout_s, self._stalled)
+            self._deadline("_stall_timer", self.server.write_stall_timeout_s, self._stalled)
         if self.cycle is not None and self.cycle.listener is not None:
             self.cycle.listener.pause_writing()
 
@@ -157,33 +158,24 @@ class _HttpProtocol(asyncio.Protocol):
         finally:
             self._drain.remove(waiter)
 
-    def _deadline(self, seconds: float, action: Any) -> asyncio.TimerHandle:
-        """``action(due, seconds)`` after ``seconds``: one of this connection's deadlines. Each
-        judges the client, so ``action`` first asks :meth:`_late`: a deadline the loop itself
-        reached late (busy elsewhere) is put off a moment, for the client's bytes that came
-        meanwhile to be read first — uvloop runs due timers before it polls the sockets."""
-        return self.loop.call_later(seconds, action, self.loop.time() + seconds, seconds)
+    def _deadline(self, timer: str, seconds: float, action: Callable[[], Any]) -> None:
+        """Arm this connection's deadline ``timer`` (the attribute holding its handle, which
+        cancels it): ``action()`` after ``seconds``. Each deadline judges the client, so one the
+        loop itself reaches more than a tenth of its length late (busy elsewhere) is put off once
+        by that tenth, for the client's bytes that came meanwhile to be read first — uvloop runs
+        due timers before it polls the sockets."""
+        setattr(self, timer, self.loop.call_later(seconds, self._due, timer, action,
+                                                  self.loop.time() + seconds, seconds))
 
-    def _late(self, due: float, seconds: float) -> bool:
-        """Whether the deadline ``due`` fired more than a tenth of its length late; then
-        ``action`` is re-armed once (``due`` = inf: no second delay) for that tenth."""
-        return self.loop.time() - due > 0.1 * seconds
-
-    def _close_idle(self, due: float, seconds: float) -> None:
-        """No request began within the header timeout (a new connection) or ``keep_alive_s``
-        (between requests): close."""
-        if self._late(due, seconds):
-            self._timer = self.loop.call_later(0.1 * seconds, self._close_idle, math.inf, seconds)
+    def _due(self, timer: str, action: Callable[[], Any], due: float, seconds: float) -> None:
+        if self.loop.time() - due > 0.1 * seconds:  # late: once more (due = inf: no second delay)
+            setattr(self, timer, self.loop.call_later(0.1 * seconds, self._due, timer, action, math.inf, seconds))
             return
-        self._timer = None
-        self.transport.close()  # type: ignore[union-attr]
+        setattr(self, timer, None)
+        action()
 
-    def _stalled(self, due: float, seconds: float) -> None:
+    def _stalled(self) -> None:
         """The client has read nothing for ``write_stall_timeout_s``: drop it."""
-        if self._late(due, seconds):
-            self._stall_timer = self.loop.call_later(0.1 * seconds, self._stalled, math.inf, seconds)
-            return
-        self._stall_timer = None
         log.warning("client %s read nothing for %g s: disconnected", self.client,
                     self.server.write_stall_timeout_s)
         self.transport.abort()  # type: ignore[union-attr]
@@ -191,14 +183,12 @@ class _HttpProtocol(asyncio.Protocol):
     def _read_deadline(self, seconds: float | None) -> None:
         if self._read_timer is not None:
             self._read_timer.cancel()
-        self._read_timer = None if seconds is None else self._deadline(seconds, self._read_too_slow)
-
-    def _read_too_slow(self, due: float, seconds: float) -> None:
-        """A request's head or body did not arrive in time: 408 (or a close mid-response)."""
-        if self._late(due, seconds):
-            self._read_timer = self.loop.call_later(0.1 * seconds, self._read_too_slow, math.inf, seconds)
-            return
         self._read_timer = None
+        if seconds is not None:
+            self._deadline("_read_timer", seconds, self._read_too_slow)
+
+    def _read_too_slow(self) -> None:
+        """A request's head or body did not arrive in time: 408 (or a close mid-response)."""
         if self.closing:
             return
         if self.cycle is None and not self.queue:
@@ -348,7 +338,7 @@ class _HttpProtocol(asyncio.Protocol):
         if self.server.exiting:
             self.transport.close()  # type: ignore[union-attr]
             return
-        self._timer = self._deadline(self.server.keep_alive_s, self._close_idle)
+        self._deadline("_timer", self.server.keep_alive_s, self.transport.close)  # type: ignore[union-attr]
 
     def shutdown(self) -> None:
         """Stop after the response in progress (idle: now)."""
