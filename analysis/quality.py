@@ -141,13 +141,16 @@ def _grid(profile: str) -> dict[str, Any]:
 
 def declare_quality(profile: str, available: Iterable[str], *, code: str = "",
                     draws: str = "held-out", groups: str = "all",
-                    max_draws: int | None = None) -> dict[str, list[Cell]]:
+                    max_draws: int | None = None,
+                    deadline_factor: float | None = None) -> dict[str, list[Cell]]:
     """The four experiments' cells for ``profile`` (``quick`` or ``full``), restricted to the
     ``available`` policies. Replays (fixed traces) run seed 0 only, except in ``quality_seeds``,
     where each held-out seed thins them (:data:`REPLAY_THIN`). ``quality_seeds`` only:
     ``draws`` ``held-out`` (:data:`HELD_OUT_SEEDS`, the judge) or ``training``
     (:data:`TRAINING_SEEDS`, for choosing), the first ``max_draws`` of them; ``groups``
-    ``all``, ``bundle`` (the bundled workloads) or ``shapes`` (:data:`SHAPE_GROUPS`)."""
+    ``all``, ``bundle`` (the bundled workloads) or ``shapes`` (:data:`SHAPE_GROUPS`).
+    ``deadline_factor``: every cell carries the option, and the rows whose policy has a relative
+    deadline (BR-0, BR-H) run with it (:func:`run_quality_cell`)."""
     if draws not in ("held-out", "training"):
         raise ValueError(f"{draws=} must be 'held-out' or 'training'")
     if groups not in ("all", "bundle", "shapes"):
@@ -214,8 +217,12 @@ def declare_quality(profile: str, available: Iterable[str], *, code: str = "",
         for s in seeds for p in have
     ]
     powered = {"all": powered + shapes, "bundle": powered, "shapes": shapes}[groups]
-    return {"quality": sat + opn + twins, "ttft_pareto": pareto, "ttft_open_loop": ttft_open,
-            "quality_seeds": powered}
+    out = {"quality": sat + opn + twins, "ttft_pareto": pareto, "ttft_open_loop": ttft_open,
+           "quality_seeds": powered}
+    if deadline_factor is not None:
+        out = {k: [replace(c, options=(*c.options, ("deadline_factor", float(deadline_factor))))
+                   for c in v] for k, v in out.items()}
+    return out
 
 
 @lru_cache(maxsize=8)
@@ -255,6 +262,9 @@ def run_quality_cell(cell: Cell) -> list[dict[str, Any]]:
     if knob is not None:
         params["ttft_slo_s"] = None if knob == "off" else float(knob)
     policy = build_policy(cell.policy, params, train=train, test=test, seed=cell.seed)
+    factor = cell.option("deadline_factor", None)
+    if factor is not None and hasattr(policy, "deadline_factor"):  # BR-0, BR-H: the relative deadline
+        policy = replace(policy, deadline_factor=float(factor))
     twin = cell.option("twin", None)
     if twin == "knob":  # a noise-floor twin (TWINS): the same policy, its knob moved a hair
         if getattr(policy, "ttft_slo_s", None) is None:

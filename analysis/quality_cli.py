@@ -44,6 +44,10 @@ def add_quality_args(p: argparse.ArgumentParser) -> None:
                    help="quality_seeds: only the first N draws (development; default: all)")
     p.add_argument("--policies", default=None,
                    help="only these rows, comma-separated (default: all of " + ",".join(QUALITY_POLICIES) + ")")
+    p.add_argument("--deadline-factor", type=float, default=None, metavar="F",
+                   help="the BR rows (br0, brh-*) with the relative deadline f = F: a pooled "
+                        "request that has waited F times the first-token guard's scale is placed "
+                        "first (the policies' deadline_factor; default: the rows' own, off)")
     p.add_argument("--jobs", type=int, default=1, help="local worker processes (default: 1)")
     p.add_argument("--csv", default=None, help="also write the rows to this CSV")
     from balanceroute.progress import add_quiet_arg
@@ -61,6 +65,12 @@ def run_quality(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    factor = args.deadline_factor
+    if factor is not None and not (factor > 0 and factor < float("inf")):
+        raise ValueError(f"--deadline-factor must be a finite number > 0, got {factor}")
+    if factor is not None and args.experiment.startswith("replicas_"):
+        raise ValueError("--deadline-factor: the quality and TTFT grids only, "
+                         f"not {args.experiment}")
     from balanceroute.cli_checks import output_file
 
     output_file(args.csv, "--csv")
@@ -84,7 +94,8 @@ def run_quality(args: argparse.Namespace) -> int:
         print("\n".join(replicas_lines(grid.rows)))
         return 1 if grid.errors else 0
     cells = declare_quality("full" if args.full else "quick", names, draws=args.draws,
-                            groups=args.groups, max_draws=args.max_draws)[args.experiment]
+                            groups=args.groups, max_draws=args.max_draws,
+                            deadline_factor=factor)[args.experiment]
     bar = progress(len(cells), args.experiment, "cells", quiet=args.quiet)
 
     def on_done(o: Any) -> None:

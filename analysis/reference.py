@@ -87,6 +87,7 @@ def reference_tick(
     ttft_slo_s: float | None = None,
     fill_order: str = "level",
     lpt_batches: bool = False,
+    deadline_factor: float | None = None,
 ) -> list[tuple[int, int]]:
     """One tick; returns ``[(pool_index, replica), ...]`` in decision order."""
     loads = [list(row) for row in proj_loads]
@@ -124,6 +125,8 @@ def reference_tick(
     if 0 < slo < float("inf") and mid_wait > 0:  # the guard's scale: min(slo, 2·median wait)
         slo = min(slo, 2.0 * mid_wait)
     urgency = [top * (wait[i] / slo) if slo < float("inf") else 0.0 for i in range(n)]
+    if deadline_factor is not None and slo < float("inf"):  # the relative deadline: f·θ
+        deadline_s = min(deadline_s, deadline_factor * slo)
 
     def f_set(q: list[int], m: list[float]) -> float:
         urg = 0.0

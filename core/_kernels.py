@@ -22,6 +22,7 @@ from ._jit import njit as _njit
 from ._tick_kernels import (
     fifo_choose,
     fill_singles,
+    relative_deadline,
     singles_apply,
     singles_scratch,
     tick_workspace,
@@ -68,7 +69,7 @@ def _barrier_step(loads, n_act, g_count, step_a, step_b, step_c):  # pragma: no 
 @njit
 def simulate_loop(
     prompt, output, ready, saturated, target, g_count, slots, kind, key, state, s_greedy, r_max,
-    deadline_s, beta, fit_stage1, growth_steps, ttft_slo_s, lpt_batches,
+    deadline_s, deadline_factor, beta, fit_stage1, growth_steps, ttft_slo_s, lpt_batches,
     step_b, step_a, step_c, max_steps, budget, record, replica, start, finish, joined, tick_time,
     first_time, finish_time, loads, n_act, pool, head, link, ints, floats, series,
 ):  # pragma: no cover - compiled; checked against the generic loop by tests/core/test_fast_paths
@@ -140,7 +141,9 @@ def simulate_loop(
                 for j in range(pool_n):
                     sizes[j] = float(prompt[pool[j]])
                     waited[j] = now - joined[pool[j]]
-                if singles_apply(free, waited[:pool_n], s_greedy, r_max, deadline_s):
+                late_s = relative_deadline(deadline_s, deadline_factor, ttft_slo_s,
+                                           waited[:pool_n], spare[:pool_n])
+                if singles_apply(free, waited[:pool_n], s_greedy, r_max, late_s):
                     # a full cluster's tick (what two_stage_tick itself would run) without the
                     # general tick's set-up
                     n_chosen = fill_singles(
@@ -149,7 +152,7 @@ def simulate_loop(
                 else:
                     n_chosen = two_stage_tick(
                         proj, free, sizes[:pool_n], waited[:pool_n], ones, 1.0, beta, s_greedy,
-                        r_max, deadline_s, no_growth, False, False, fit_stage1, growth_steps,
+                        r_max, late_s, no_growth, False, False, fit_stage1, growth_steps,
                         ttft_slo_s, True, lpt_batches, out_i, out_g, lim, work,
                     )
                 for t in range(n_chosen):

@@ -201,6 +201,17 @@ def _guard_scale(ttft_slo_s, wait, spare):  # pragma: no cover - compiled
 
 
 @njit
+def relative_deadline(deadline_s, factor, ttft_slo_s, wait, spare):  # pragma: no cover - compiled
+    """The tick's pool deadline with the relative deadline ``factor`` f (``inf``: off):
+    min(``deadline_s``, f·θ) while the first-token guard is on — what
+    :func:`~balanceroute.core.two_stage.pool_deadline` computes, for the fused loop (``spare``
+    (P,): the median's scratch)."""
+    if factor < np.inf and ttft_slo_s > 0.0 and ttft_slo_s < np.inf:
+        deadline_s = min(deadline_s, factor * _guard_scale(ttft_slo_s, wait, spare))
+    return deadline_s
+
+
+@njit
 def _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact, ttft_slo_s, lin, bonus, ub_buf,
                 cmax, order, count, spare):  # pragma: no cover - compiled
     """A tick's constants of the pool (P ≥ 1), written into the workspace's ``lin``, ``bonus``,

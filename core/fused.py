@@ -130,7 +130,8 @@ def run_fused(
         series = kern.simulate_loop(
             prompt, output, ready, saturated, target, g_count, slots, tick.kind, key,
             run.state if run.state.shape[0] else no_state, tick.s_greedy, tick.r_max,
-            float(tick.deadline_s), float(tick.beta_per_replica * g_count), bool(tick.fit_stage1),
+            float(tick.deadline_s), float(tick.deadline_factor),
+            float(tick.beta_per_replica * g_count), bool(tick.fit_stage1),
             float(tick.growth_steps), float(tick.ttft_slo_s), bool(tick.lpt_batches), step_b,
             step_a, step_c, max_steps,
             budget, record_series, *run.cols.arrays(), run.loads, n_act, pool, head, link, run.ints,

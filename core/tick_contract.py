@@ -32,7 +32,8 @@ _NO_INTS = np.zeros(0, dtype=np.int64)
 class CompiledTick:
     """A policy's tick as an engine runs it compiled, declared by the policy.
 
-    ``kind``: :data:`TWO_STAGE` (BR-0's tick with ``s_greedy``, ``r_max``, ``deadline_s``, β =
+    ``kind``: :data:`TWO_STAGE` (BR-0's tick with ``s_greedy``, ``r_max``, ``deadline_s`` and the
+    relative deadline's ``deadline_factor`` (``inf``: off), β =
     ``beta_per_replica``·G, ``fit_stage1``, Stage 1's T = ``growth_steps``, ``ttft_slo_s``,
     ``lpt_batches``) or
     :data:`FIFO` (the pool head to the free replica with the smallest ``key``, see
@@ -46,6 +47,7 @@ class CompiledTick:
     s_greedy: int = 0
     r_max: int = 1
     deadline_s: float = float("inf")
+    deadline_factor: float = float("inf")
     beta_per_replica: float = 1.0
     fit_stage1: bool = True
     growth_steps: float = 0.0

@@ -40,7 +40,7 @@ from .state import Assignment
 
 __all__ = [
     "FILL_LEVELS", "FILL_WINDOW", "best_subset", "fill_level", "fill_proposals", "subset_masks",
-    "two_stage_assign", "urgency_scale",
+    "pool_deadline", "two_stage_assign", "urgency_scale",
 ]
 
 _NO_GROWTH = np.zeros((0, 1), dtype=np.float64)  # writable: numba types read-only arrays apart
@@ -57,6 +57,19 @@ def urgency_scale(ttft_slo_s: float | None, wait: NDArray) -> float:
     w = np.asarray(wait, dtype=np.float64)
     mid = float(np.median(w)) if w.shape[0] else 0.0
     return min(slo, 2.0 * mid) if np.isfinite(slo) and slo > 0 and mid > 0 else slo
+
+
+def pool_deadline(deadline_s: float, ttft_slo_s: float | None, wait: NDArray,
+                  factor: float | None) -> float:
+    """The wait from which a pooled request is placed first (stage 0 of the tick):
+    ``deadline_s`` (the KV lease's), or — the *relative deadline*, with ``factor`` f — f·θ when
+    that comes sooner, θ = :func:`urgency_scale` (``papers/ttft.md``, "A relative deadline").
+    ``factor=None`` or the first-token guard off: ``deadline_s``. The fused loop's kernel
+    computes the same (``_tick_kernels.relative_deadline``)."""
+    if factor is None:
+        return float(deadline_s)
+    theta = urgency_scale(ttft_slo_s, wait)
+    return min(float(deadline_s), float(factor) * theta) if np.isfinite(theta) else float(deadline_s)
 
 
 def _f64(values: NDArray) -> NDArray[np.float64]:
@@ -180,6 +193,7 @@ def two_stage_assign(
     offsets: NDArray | None = None,
     room: NDArray | None = None,
     cost: NDArray | None = None,
+    deadline_factor: float | None = None,
 ) -> Assignment:
     """One scheduling tick of BalanceRoute.
 
@@ -193,7 +207,9 @@ def two_stage_assign(
     ``F = α Σ_h d_h δ(h) − β Σ_h d_h (δ(h) − m_h)_+ + Σ_{i∈Q} u_i`` (sums in h order), with
     u_i = U·w_i/``ttft_slo_s`` (U = max_j of the linear term of F({j})) or 0 when the knob is off.
 
-    Order: (0) requests that waited ``≥ deadline_s`` go first, oldest first, each to the replica
+    Order: (0) requests that waited ``≥ deadline_s`` go first — or ``≥ deadline_factor``·θ when
+    that is sooner (:func:`pool_deadline`, the relative deadline; θ the first-token guard's
+    scale) — oldest first, each to the replica
     with a free slot maximising F({i}) (ties: more free slots, larger margin); (1) while Σ free >
     ``s_greedy``: the replica with the largest margin ``growth_steps`` (T) steps ahead,
     m(0) + T·free (a replica running fewer requests grows slower; ties: more free slots) —
@@ -242,6 +258,9 @@ def two_stage_assign(
     slo = float("inf") if ttft_slo_s is None else float(ttft_slo_s)
     if not slo > 0:
         raise ValueError(f"{ttft_slo_s=} must be > 0 (or None: off)")
+    if deadline_factor is not None and not (deadline_factor > 0 and np.isfinite(deadline_factor)):
+        raise ValueError(f"{deadline_factor=} must be a finite number > 0 (or None: off)")
+    deadline_s = pool_deadline(deadline_s, ttft_slo_s, wait, deadline_factor)
     if not HAVE_NUMBA:
         return _two_stage_numpy(
             proj_loads, free_slots, prompt_len, wait, d=d, alpha=alpha, beta=beta,

@@ -23,6 +23,16 @@ GROWTH_TOKENS = 16_384.0
 slots is worth up to 16,384 tokens of margin (T = 256 at B = 64, 4,096 at B = 4)."""
 
 
+DEADLINE_FACTOR = 3.0
+"""The relative deadline's f (BR-0's and BR-H's ``deadline_factor``): a pooled request that has
+waited f·θ — θ the first-token guard's scale, min(``ttft_slo_s``, twice the pool's median wait) —
+is placed first, as at the KV lease's deadline (``papers/ttft.md``, "A relative deadline").
+Chosen on training draws 100–103 of the bundled and parametric groups (G = 8 and 16, saturated,
+3,000 requests; ``papers/quality.md``): of f = 2 / 3 / 4 the smallest worst-group TTFT P99 over
+JSQ's with the clairvoyant lookahead still at or below BR-0 (worst 1.21 / 1.24 / 1.29 and
+1.08 / 1.01 / 1.04; without it 1.53 on ``shape-correlated``)."""
+
+
 KV_GROWTH_STEPS = 256
 """BR-0's KV budget window: a request may join replica g only while its load, grown T steps with
 no departure, fits — L_g + n_g·T + Σ_{i∈Q} (s_i + T) ≤ B^KV_g — T = 256 steps (≈ 15 s at 60 ms).
@@ -171,6 +181,9 @@ def check_tick_params(p: object) -> None:
         raise ValueError(f"{p.stage1=} must be 'fit' or 'paper'")
     if p.ttft_slo_s is not None and not (p.ttft_slo_s > 0 and np.isfinite(p.ttft_slo_s)):
         raise ValueError(f"{p.ttft_slo_s=} must be a number of seconds > 0 (or None: off)")
+    f = p.deadline_factor
+    if f is not None and not (f > 0 and np.isfinite(f)):
+        raise ValueError(f"{p.deadline_factor=} must be a finite number > 0 (or None: off)")
     if not isinstance(p.lpt_batches, (bool, np.bool_)):
         raise ValueError(f"{p.lpt_batches=} must be true or false")
 
@@ -194,7 +207,10 @@ class BR0Policy:
     first-token deadline — a pooled request that has waited w gains the urgency bonus U·w/θ (U:
     the pool's largest single-request value; θ = min(``ttft_slo_s``, twice the pool's median wait):
     :func:`~balanceroute.core.two_stage.urgency_scale`), so at w = θ it outranks any request that
-    merely fits (``papers/ttft.md``); ``None`` turns it off; ``lpt_batches``: a small batch
+    merely fits (``papers/ttft.md``); ``None`` turns it off; ``deadline_factor`` f (3,
+    :data:`DEADLINE_FACTOR`): the *relative deadline* — a pooled request that has waited f·θ is
+    placed first, as at ``deadline_s`` (:func:`~balanceroute.core.two_stage.pool_deadline`;
+    ``None``, or the guard off: only ``deadline_s``); ``lpt_batches``: a small batch
     placed whole in Stage 1 (fewer than 2G pooled requests, Σ free − |pool| ≥ ``s_greedy``: the
     regime below saturation) goes by LPT — largest prompt first, each to the least-loaded
     replica — when that overflows the current envelope less (``papers/quality.md``; chosen on
@@ -218,6 +234,7 @@ class BR0Policy:
     stage1: str = "fit"
     growth_steps: float | None = None
     ttft_slo_s: float | None = 4.0
+    deadline_factor: float | None = DEADLINE_FACTOR
     lpt_batches: bool = True
     kv_growth_steps: int = KV_GROWTH_STEPS
     kv_until_end: bool = True
@@ -254,6 +271,7 @@ class BR0Policy:
             growth_steps=stage1_growth_steps(
                 self.growth_steps, int((state.free_slots + state.num_active).max())),
             ttft_slo_s=self.ttft_slo_s,
+            deadline_factor=self.deadline_factor,
             lpt_batches=self.lpt_batches,
             **replica_extras(state, pool.prompt_len, steps=self.kv_growth_steps,
                              until_end=self.kv_until_end, plan=self.kv_plan_output),
@@ -266,6 +284,7 @@ class BR0Policy:
             return None
         return CompiledTick(
             kind=TWO_STAGE, s_greedy=self.s_greedy, r_max=self.r_max, deadline_s=self.deadline_s,
+            deadline_factor=float("inf") if self.deadline_factor is None else self.deadline_factor,
             beta_per_replica=self.beta_per_replica, fit_stage1=self.stage1 == "fit",
             growth_steps=stage1_growth_steps(self.growth_steps, slots),
             ttft_slo_s=float("inf") if self.ttft_slo_s is None else float(self.ttft_slo_s),

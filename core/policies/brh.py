@@ -15,7 +15,13 @@ from ..projection import departure_steps, placement_growth, project_loads, proje
 from ..state import Assignment, ClusterState, PoolView
 from ..two_stage import BACKLOG_PER_REPLICA, two_stage_assign
 from ..workloads.base import Workload
-from .br0 import BR0Policy, check_tick_params, replica_extras, stage1_growth_steps
+from .br0 import (
+    DEADLINE_FACTOR,
+    BR0Policy,
+    check_tick_params,
+    replica_extras,
+    stage1_growth_steps,
+)
 
 __all__ = ["DEFAULT_BETA_PER_REPLICA", "DEFAULT_SAFEGUARD", "SHARP_SPREAD", "BRHPolicy"]
 
@@ -63,7 +69,8 @@ class BRHPolicy:
     ``features``: maps request ids to features (:meth:`bind` sets it from a workload; ``None``
     passes only the prompt lengths the state carries). ``beta``: ``None`` means 3·G, BR-0's
     (:data:`DEFAULT_BETA_PER_REPLICA`).
-    ``stage1``, ``growth_steps``, ``r_max`` (0: the fill tick), ``ttft_slo_s``, ``lpt_batches``
+    ``stage1``, ``growth_steps``, ``r_max`` (0: the fill tick), ``ttft_slo_s``,
+    ``deadline_factor``, ``lpt_batches``
     (the small-burst check, on the current loads), ``tick_fn``: as for BR-0.
     ``fill_order``: the order in which the fill (``r_max = 0``) serves replicas — ``"level"``
     (default): the largest *fill level*, the constant Δ that maximises the paper's score of its
@@ -136,6 +143,7 @@ class BRHPolicy:
     stage1: str = "fit"
     growth_steps: float | None = None
     ttft_slo_s: float | None = 4.0
+    deadline_factor: float | None = DEADLINE_FACTOR
     lpt_batches: bool = True
     fill_order: str = "level"
     safeguard: float | None = DEFAULT_SAFEGUARD
@@ -196,8 +204,8 @@ class BRHPolicy:
         self._guard = None if self.guard is None else GuardLedger(self.guard)
         self._base = BR0Policy(s_greedy=self.s_greedy, r_max=self.r_max, deadline_s=self.deadline_s,
                                stage1=self.stage1, growth_steps=self.growth_steps,
-                               ttft_slo_s=self.ttft_slo_s, lpt_batches=self.lpt_batches,
-                               tick_fn=self.tick_fn)
+                               ttft_slo_s=self.ttft_slo_s, deadline_factor=self.deadline_factor,
+                               lpt_batches=self.lpt_batches, tick_fn=self.tick_fn)
 
     def beta_for(self, num_replicas: int) -> float:
         """β for a cluster of G replicas: ``beta``, or ``DEFAULT_BETA_PER_REPLICA·G``."""
@@ -317,6 +325,7 @@ class BRHPolicy:
             growth_steps=stage1_growth_steps(
                 self.growth_steps, int((state.free_slots + state.num_active).max())),
             ttft_slo_s=self.ttft_slo_s,
+            deadline_factor=self.deadline_factor,
             fill_order=self.fill_order,
             lpt_batches=self.lpt_batches,
             **replica_extras(state, pool.prompt_len, proj=proj, growth=growth),

@@ -87,6 +87,21 @@ def test_fused_br0_places_late_requests_first_like_the_generic_loop():
 
 
 @needs_numba
+@pytest.mark.parametrize("mode", ["saturated", "open_loop"])
+@pytest.mark.parametrize("factor", [1.0, 3.0])
+def test_fused_br0_keeps_the_relative_deadline_like_the_generic_loop(mode, factor):
+    # the relative deadline (f·θ, θ = min(ttft_slo_s, 2·median wait)) fires in many ticks here:
+    # the fused loop computes it in its own kernel, the generic loop in ``pool_deadline``
+    w = lognormal_workload(600, seed=5, prompt_mu=6.0, output_mu=3.5, rate=80.0)
+    cfg = SimConfig(num_replicas=4, slots=4, mode=mode, pool_size=24)
+    policy = dict(deadline_factor=factor, ttft_slo_s=2.0)
+    fused = simulate(w, get_policy("br0", **policy), cfg, engine="fused")
+    _assert_same(fused, simulate(w, get_policy("br0", **policy), cfg, engine="generic"))
+    off = simulate(w, get_policy("br0", ttft_slo_s=2.0, deadline_factor=None), cfg, engine="fused")
+    assert not np.array_equal(fused.replica, off.replica)  # the rule changed decisions here
+
+
+@needs_numba
 def test_round_robin_cursor_carries_over_like_the_generic_loop():
     w = lognormal_workload(50, seed=1, output_mu=2.0)
     cfg = SimConfig(num_replicas=3, slots=2)

@@ -16,6 +16,7 @@ from balanceroute.core.two_stage import (
     best_subset,
     fill_level,
     fill_proposals,
+    pool_deadline,
     subset_masks,
     two_stage_assign,
 )
@@ -198,6 +199,46 @@ def test_deadline_goes_first():
     )
     assert got.pool_index.tolist()[0] == 1
     assert got.replica.tolist()[0] == 1  # margin 1000 on replica 1 absorbs it
+
+
+def test_relative_deadline_places_a_request_past_f_theta_first():
+    # Both replicas at the envelope (margins 0), one free slot, β = 6. Waits 0.2, 0.9, 0.2,
+    # 0.3 s: median 0.25, θ = min(4, 2·0.25) = 0.5 s; U = 3000 (the largest prompt), so
+    # u_j = 3000·w_j/0.5. F + u: 100 − 600 + 1200 = 700 (request 0), 3000 − 18000 + 5400 =
+    # −9600 (request 1, the long prompt that waited longest), 700 (2), 100 − 600 + 1800 = 1300
+    # (3): request 3 goes. With f = 1.5 the deadline is 0.75 s and request 1 (0.9 s) goes first,
+    # overflow or not; with f = 2 (1.0 s) nobody is late.
+    loads, free = [[0.0], [0.0]], [1, 0]
+    prompt, wait = [100, 3000, 100, 100], [0.2, 0.9, 0.2, 0.3]
+    kw = dict(alpha=1.0, beta=6.0, s_greedy=8, r_max=0, deadline_s=25.0, ttft_slo_s=4.0)
+    args = (np.array(loads), np.array(free), np.array(prompt), np.array(wait))
+    assert pool_deadline(25.0, 4.0, args[3], 1.5) == 0.75
+    assert pool_deadline(25.0, None, args[3], 1.5) == 25.0  # the guard off: the lease's alone
+    assert pool_deadline(0.5, 4.0, args[3], 1.5) == 0.5  # the lease's deadline when sooner
+    for factor, want in ((None, 3), (2.0, 3), (1.5, 1)):
+        got = two_stage_assign(*args, d=np.ones(1), deadline_factor=factor, **kw)
+        assert got.pool_index.tolist() == [want]
+        ref = reference_tick(loads, free, prompt, wait, d=[1.0], deadline_factor=factor, **kw)
+        assert ref == [(want, 0)]
+    with pytest.raises(ValueError, match="deadline_factor"):
+        two_stage_assign(*args, d=np.ones(1), deadline_factor=0.0, **kw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(tick_instances, st.sampled_from([None, 4.0, 0.5]), st.sampled_from([None, 1.0, 3.0]),
+       st.lists(st.floats(0.0, 30.0), min_size=12, max_size=12))
+def test_tick_with_the_relative_deadline_matches_literal_reference(instance, slo, factor, waits):
+    loads, free, pool, s_greedy, r_max = instance
+    prompt = [p for p, _ in pool]
+    wait = waits[:len(prompt)]
+    kwargs = dict(d=[1.0], alpha=1.0, beta=3.0 * len(loads), s_greedy=s_greedy, r_max=r_max,
+                  deadline_s=25.0, ttft_slo_s=slo, deadline_factor=factor, lpt_batches=True)
+    got = two_stage_assign(
+        np.array(loads, dtype=float)[:, None], np.array(free), np.array(prompt, dtype=np.int64),
+        np.array(wait), **kwargs,
+    )
+    want = reference_tick([[float(x)] for x in loads], free, prompt, wait, **kwargs)
+    assert list(zip(got.pool_index.tolist(), got.replica.tolist())) == want
 
 
 def test_starvation_guard_places_a_request_even_when_all_overflow():
