@@ -141,6 +141,7 @@ def simulate_loop(
                 for j in range(pool_n):
                     sizes[j] = float(prompt[pool[j]])
                     waited[j] = now - joined[pool[j]]
+                # the pool deadline once (two_stage_tick is then given it, factor inf)
                 late_s = relative_deadline(deadline_s, deadline_factor, ttft_slo_s,
                                            waited[:pool_n], spare[:pool_n])
                 if singles_apply(free, waited[:pool_n], s_greedy, r_max, late_s):
@@ -152,7 +153,7 @@ def simulate_loop(
                 else:
                     n_chosen = two_stage_tick(
                         proj, free, sizes[:pool_n], waited[:pool_n], ones, 1.0, beta, s_greedy,
-                        r_max, late_s, no_growth, False, False, fit_stage1, growth_steps,
+                        r_max, late_s, np.inf, no_growth, False, False, fit_stage1, growth_steps,
                         ttft_slo_s, True, lpt_batches, out_i, out_g, lim, work,
                     )
                 for t in range(n_chosen):

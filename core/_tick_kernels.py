@@ -1045,12 +1045,14 @@ def singles_scratch(ws):  # pragma: no cover - compiled
 
 @njit
 def two_stage_tick(
-    loads, free, sizes, wait, d, alpha, beta, s_greedy, r_max, deadline_s, growth, has_growth,
-    exact_score, fit_stage1, growth_steps, ttft_slo_s, fill_by_level, lpt_batches, out_i, out_g,
-    lim, ws,
+    loads, free, sizes, wait, d, alpha, beta, s_greedy, r_max, deadline_s, deadline_factor, growth,
+    has_growth, exact_score, fit_stage1, growth_steps, ttft_slo_s, fill_by_level, lpt_batches,
+    out_i, out_g, lim, ws,
 ):  # pragma: no cover - compiled; tested against the reference through two_stage_assign
     """The tick of :func:`two_stage_assign` on mutable copies ``loads`` (G, W) and ``free``;
-    writes the decisions to ``out_i``/``out_g`` and returns how many there are. ``ws``: a
+    writes the decisions to ``out_i``/``out_g`` and returns how many there are. The pool deadline
+    is min(``deadline_s``, ``deadline_factor``·θ) (:func:`relative_deadline`; ``inf``: the
+    lease's alone). ``ws``: a
     :func:`tick_workspace` for at least this G, W, pool size and ``r_max`` (its contents are
     scratch: nothing carries over from one tick to the next).
 
@@ -1063,9 +1065,10 @@ def two_stage_tick(
     n_rep, width = loads.shape
     n_pool = sizes.shape[0]
     budget = lim[2].shape[1] > 0
+    alive, spare = singles_scratch(ws)
+    deadline_s = relative_deadline(deadline_s, deadline_factor, ttft_slo_s, wait, spare[:n_pool])
     if width == 1 and not has_growth and not budget and singles_apply(free, wait, s_greedy, r_max,
                                                                       deadline_s):
-        alive, spare = singles_scratch(ws)
         return fill_singles(loads, free, sizes, wait, d, alpha, beta, ttft_slo_s, out_i, out_g,
                             alive[:n_pool], spare[:n_pool], lim[0], lim[1])
     exact = exact_score and has_growth

@@ -64,8 +64,9 @@ def pool_deadline(deadline_s: float, ttft_slo_s: float | None, wait: NDArray,
     """The wait from which a pooled request is placed first (stage 0 of the tick):
     ``deadline_s`` (the KV lease's), or — the *relative deadline*, with ``factor`` f — f·θ when
     that comes sooner, θ = :func:`urgency_scale` (``papers/ttft.md``, "A relative deadline").
-    ``factor=None`` or the first-token guard off: ``deadline_s``. The fused loop's kernel
-    computes the same (``_tick_kernels.relative_deadline``)."""
+    ``factor=None`` or the first-token guard off: ``deadline_s``. The compiled tick and the fused
+    loop compute the same in their kernel (``_tick_kernels.relative_deadline``); this is the numpy
+    path's."""
     if factor is None:
         return float(deadline_s)
     theta = urgency_scale(ttft_slo_s, wait)
@@ -260,11 +261,12 @@ def two_stage_assign(
         raise ValueError(f"{ttft_slo_s=} must be > 0 (or None: off)")
     if deadline_factor is not None and not (deadline_factor > 0 and np.isfinite(deadline_factor)):
         raise ValueError(f"{deadline_factor=} must be a finite number > 0 (or None: off)")
-    deadline_s = pool_deadline(deadline_s, ttft_slo_s, wait, deadline_factor)
     if not HAVE_NUMBA:
         return _two_stage_numpy(
             proj_loads, free_slots, prompt_len, wait, d=d, alpha=alpha, beta=beta,
-            s_greedy=s_greedy, r_max=r_max, deadline_s=deadline_s, growth=growth, score=score,
+            s_greedy=s_greedy, r_max=r_max,
+            deadline_s=pool_deadline(deadline_s, ttft_slo_s, wait, deadline_factor),
+            growth=growth, score=score,
             stage1=stage1, growth_steps=growth_steps, ttft_slo_s=ttft_slo_s, fill_order=fill_order,
             lpt_batches=lpt_batches, weights=weights, offsets=offsets, room=room, cost=cost,
         )
@@ -285,7 +287,8 @@ def two_stage_assign(
         grow, has_growth = _f64(growth), True
     count = _two_stage_tick(
         loads, free, sizes, _f64(wait), _f64(d), float(alpha), float(beta), int(s_greedy),
-        int(r_max), float(deadline_s), grow, has_growth, score == "exact", stage1 == "fit",
+        int(r_max), float(deadline_s), float("inf") if deadline_factor is None else float(deadline_factor),
+        grow, has_growth, score == "exact", stage1 == "fit",
         float(growth_steps), slo, fill_order == "level", bool(lpt_batches), out_i, out_g, lim,
         _workspace(loads.shape[0], loads.shape[1], n_pool, int(r_max)),
     )

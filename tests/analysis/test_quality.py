@@ -293,6 +293,26 @@ def test_training_draws_and_group_filters_choose_the_cells():
         declare_quality("quick", names, draws="test")
 
 
+def test_a_deadline_factor_reaches_the_br_rows_of_every_grid():
+    from balanceroute.analysis.quality import _load
+    from balanceroute.core.policies import get_policy
+    from balanceroute.core.simulator import SimConfig, simulate
+
+    grids = declare_quality("quick", ["jsq", "br0"], deadline_factor=1.0)
+    assert all(c.option("deadline_factor", None) == 1.0 for cells in grids.values() for c in cells)
+    base = dict(experiment="quality_seeds", kind="quality", workload="shape-correlated", replicas=4,
+                slots=8, requests=600, seed=100)
+    opt = (("load", "saturated"), ("deadline_factor", 1.0))
+    row = run_quality_cell(Cell(policy="br0", options=opt, **base))[0]
+    _, test = _load("shape-correlated", 600, 100)
+    want = simulate(test, get_policy("br0", deadline_factor=1.0),
+                    SimConfig(num_replicas=4, slots=8, check_assignments=False)).metrics
+    shipped = run_quality_cell(Cell(policy="br0", options=opt[:1], **base))[0]
+    assert row["mean_imbalance"] == want["mean_imbalance"] != shipped["mean_imbalance"]
+    jsq = [run_quality_cell(Cell(policy="jsq", options=o, **base))[0] for o in (opt, opt[:1])]
+    assert jsq[0] == jsq[1]  # a row without the parameter runs as it is
+
+
 def test_a_thinned_replay_is_a_new_draw_of_the_same_trace():
     from balanceroute.analysis.quality import _load
 
