@@ -173,6 +173,13 @@ def readme_lookahead(rows: list[dict]) -> str:
     return "\n".join(lookahead_lines(rows))
 
 
+def readme_ttft(rows: list[dict]) -> str:
+    """The first-token bound over held-out draws, in words."""
+    from .quality import ttft_lines
+
+    return "\n".join(ttft_lines(rows))
+
+
 BLOCKS: dict[str, Block] = {
     "headline-sentence": Block(TABLE1, headline_sentence),
     "headline-table": Block(TABLE1, headline_table),
@@ -180,6 +187,7 @@ BLOCKS: dict[str, Block] = {
     "results-paper": Block(QUALITY, results_paper),
     "results-seeds": Block(QUALITY_SEEDS, results_seeds),
     "readme-lookahead": Block(QUALITY_SEEDS, readme_lookahead),
+    "readme-ttft": Block(QUALITY_SEEDS, readme_ttft),
 }
 """Block name → its source CSV and writer."""
 

@@ -48,6 +48,7 @@ __all__ = [
     "RULES",
     "declare_quality",
     "lookahead_lines",
+    "ttft_lines",
     "paper_lines",
     "paired_interval",
     "powered_lines",
@@ -576,9 +577,34 @@ TTFT_RULE = "ttft<=1.5jsq"
 1.5 × JSQ's (≤ 1 keeps it; saturated and open loop)."""
 
 
+PLANE = "bfio-h0_dominates_no_br"
+"""Beside the rules: the issue's reading of "best BR ≤ bfio-h0" on the imbalance–TTFT P99 plane —
+no bfio-h0 point dominates the BR point. Per draw, the smallest of br0's and brh-survival's
+ratios to bfio-h0 on either axis (mean imbalance, TTFT P99): below 1, some BR row beats bfio-h0
+on some axis in that draw; its interval above 1, bfio-h0 is better on both axes."""
+
+
 def _group_label(key: tuple) -> str:
     w, g, n, load = key
     return f"{w} G={g} n={n:,} " + ("saturated" if load == "saturated" else f"{float(load):g}×")
+
+
+def _plane_ratio(by: dict[str, dict]) -> float | None:
+    """:data:`PLANE` for one draw: min over br0, brh-survival and the two axes of BR ÷ bfio-h0
+    (``None`` without bfio-h0 or a BR row with both metrics)."""
+    def axes(p: str) -> tuple[float, float] | None:
+        r = by.get(p)
+        if r is None or r.get("ttft_s_p99") in (None, ""):
+            return None
+        return float(r["mean_imbalance"]), float(r["ttft_s_p99"])
+
+    base = axes("bfio-h0")
+    if base is None or min(base) <= 0:
+        return None
+    ours = [a for a in (axes("br0"), axes("brh-survival")) if a is not None]
+    if not ours:
+        return None
+    return min(min(imb / base[0], ttft / base[1]) for imb, ttft in ours)
 
 
 def powered_ratios(rows: Iterable[dict], *, level: float = 0.95) -> dict[tuple, dict[str, tuple]]:
@@ -606,9 +632,12 @@ def _powered_ratios(groups: dict[tuple, list[dict[str, dict]]],
             jsq = by.get("jsq", {}).get("ttft_s_p99")
             if ttft and jsq not in (None, "") and float(jsq) > 0:
                 rules[TTFT_RULE] = max(ttft) / (1.5 * float(by["jsq"]["ttft_s_p99"]))
+            plane = _plane_ratio(by)
+            if plane is not None:
+                rules[PLANE] = plane
             per_seed.append(rules)
         out[key] = {rule: paired_interval([d[rule] for d in per_seed if rule in d], level)
-                    for rule in (*POWERED, LEASE, TTFT_RULE)
+                    for rule in (*POWERED, LEASE, TTFT_RULE, PLANE)
                     if sum(rule in d for d in per_seed) > 1}
     return out
 
@@ -624,17 +653,18 @@ def powered_lines(rows: list[dict], *, level: float = 0.95) -> list[str]:
         return []
     pct = f"{100 * level:g} %"
     head = ["group", "seeds", *(RULES[r] for r in POWERED), "best BR ÷ bfio-h0-lease",
-            "TTFT P99 ÷ 1.5·JSQ's (br0, brh-survival)", "throughput vs imbalance"]
+            "TTFT P99 ÷ 1.5·JSQ's (br0, brh-survival)",
+            "BR ÷ bfio-h0 on the better axis (imbalance, TTFT P99)", "throughput vs imbalance"]
     out = [f"Ratio to each rule's bound (≤ 1 keeps it): geometric mean over the seeds, its {pct} "
            "confidence interval, and the verdict (holds: the interval is at or below 1; breaks: "
            "above 1; undecided: it straddles 1). Throughput: of the pairs of rows whose imbalance "
            "order is decided, how many have throughput decided the same way and the opposite way.",
            "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     tally: dict[str, dict[str, list[str]]] = {r: defaultdict(list)
-                                              for r in (*POWERED, LEASE, TTFT_RULE, "thr")}
+                                              for r in (*POWERED, LEASE, TTFT_RULE, PLANE, "thr")}
     for key in sorted(ratios, key=str):
         where, cols = _group_label(key), []
-        for rule in (*POWERED, LEASE, TTFT_RULE):
+        for rule in (*POWERED, LEASE, TTFT_RULE, PLANE):
             if rule not in ratios[key]:
                 cols.append("—")
                 continue
@@ -650,8 +680,9 @@ def powered_lines(rows: list[dict], *, level: float = 0.95) -> list[str]:
     out.append("")
     names = {**RULES, LEASE: "min(br0, brh-survival) ≤ bfio-h0-lease (same TTFT guard and lease)",
              TTFT_RULE: "TTFT P99 of br0 and brh-survival ≤ 1.5 × JSQ's",
+             PLANE: "no bfio-h0 point dominates the BR point (imbalance–TTFT P99 plane)",
              "thr": RULES["throughput_ranks_like_imbalance"]}
-    for rule in (*POWERED, LEASE, TTFT_RULE, "thr"):
+    for rule in (*POWERED, LEASE, TTFT_RULE, PLANE, "thr"):
         t = tally[rule]
         total = sum(len(v) for v in t.values())
         if not total:  # a rule whose rows were not run (``--policies``)
@@ -722,6 +753,37 @@ def lookahead_lines(rows: list[dict]) -> list[str]:
     else:
         out.append(f"The clairvoyant row gains less than {100 * ORACLE_PAYS:g} % in every group.")
     return [" ".join(out)]
+
+
+def ttft_lines(rows: list[dict], *, level: float = 0.95) -> list[str]:
+    """The first-token bound in words over the groups of held-out draws (:data:`TTFT_RULE`: the
+    larger TTFT P99 of br0 and brh-survival over JSQ's, geometric mean over the draws with its
+    interval, :func:`powered_ratios`): in how many groups it holds, is undecided and breaks, the
+    worst group, and the group names where it does not hold."""
+    ratios = {k: v[TTFT_RULE] for k, v in powered_ratios(rows, level=level).items()
+              if TTFT_RULE in v}
+    if not ratios:
+        return []
+    seeds = {int(r["seed"]) for r in rows if r.get("policy") == "jsq"}
+    verdicts = {k: verdict(lo, hi) for k, (_, lo, hi) in ratios.items()}
+    count = {v: sum(1 for x in verdicts.values() if x == v) for v in ("holds", "undecided", "breaks")}
+    worst = max(ratios, key=lambda k: ratios[k][0])
+    n_open = sum(1 for k in ratios if k[3] != "saturated")
+
+    def said(key: tuple) -> str:  # the ratio to JSQ's TTFT P99 (the rule's is to 1.5 × it)
+        gm, lo, hi = ratios[key]
+        return f"{_group_label(key)}: {1.5 * gm:.2f}× ({1.5 * lo:.2f}–{1.5 * hi:.2f})"
+
+    out = (f"Over held-out draws {min(seeds)}–{max(seeds)} ({len(ratios)} groups, "
+           f"{len(ratios) - n_open} saturated and {n_open} open loop), the TTFT P99 of BR-0 and BR-H "
+           f"(survival), the larger of the two, is at most 1.5× JSQ's — geometric mean over the "
+           f"draws, {100 * level:g} % interval — in {count['holds']} of {len(ratios)} groups; "
+           f"undecided in {count['undecided']}, above it in {count['breaks']}; the highest is "
+           f"{said(worst)}.")
+    rest = [k for k in sorted(ratios, key=str) if verdicts[k] != "holds" and k != worst]
+    if rest:
+        out += " Not holding as well: " + "; ".join(said(k) for k in rest) + "."
+    return [out]
 
 
 def context_lines(rows: list[dict], *,

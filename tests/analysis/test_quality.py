@@ -25,6 +25,7 @@ from balanceroute.analysis.quality import (
     run_quality_cell,
     saturated_capacity,
     t_quantile,
+    ttft_lines,
     verdict,
 )
 from balanceroute.analysis.sweep import Cell
@@ -245,6 +246,23 @@ def test_powered_lines_judge_each_rule_per_group_of_seeds():
     assert "| — | — | 1.111 (1.111–1.111) breaks | — | — |" in "".join(some)
 
 
+def test_no_bfio_point_may_dominate_the_br_point():
+    """Worked example on the imbalance–TTFT P99 plane, two draws: in group a bfio-h0 has 10 % less
+    imbalance but twice BR-0's TTFT P99 (BR-0 is not dominated: min ratio 0.5, holds); in b it is
+    better on both axes (0.9× BR-0's imbalance and TTFT: min ratio 1.11, breaks)."""
+    rows = []
+    for s, f in enumerate([1.0, 1.2]):
+        for group, ttft in (("a", 2.0), ("b", 0.9)):
+            cell = dict(workload=group, replicas=8, requests=3000, seed=1000 + s, load="saturated")
+            rows += [{**r, "ttft_s_p99": {"br0": 1.0 * f, "bfio-h0": ttft * f}[r["policy"]]}
+                     for r in _rows(cell, br0=100 * f, **{"bfio-h0": 90 * f})]
+    lines = powered_lines(rows)
+    assert any(line.startswith("| a G=8") and "| 0.500 (0.500–0.500) holds |" in line for line in lines)
+    assert any(line.startswith("| b G=8") and "| 1.111 (1.111–1.111) breaks |" in line for line in lines)
+    assert ("- no bfio-h0 point dominates the BR point (imbalance–TTFT P99 plane): holds in 1, "
+            "undecided in 0, breaks in 1 of 2 groups") in lines
+
+
 def test_the_forest_plot_draws_every_group(tmp_path):
     pytest.importorskip("matplotlib", reason="the plot extra draws the figure")
     from balanceroute.analysis.figures import fig_quality_seeds as draw_powered
@@ -335,6 +353,26 @@ def _lookahead_rows(group: str, replicas: int, load: str, imb: dict[str, list[fl
     return [{"workload": group, "replicas": replicas, "requests": 3000, "seed": 1000 + s, "load": load,
              "policy": policy, "mean_imbalance": values[s]}
             for policy, values in imb.items() for s in range(len(values))]
+
+
+def test_ttft_lines_count_the_groups_where_the_first_token_bound_holds():
+    """Worked example: TTFT P99 of br0 / brh-survival / jsq per draw. Group a: 1.2× JSQ's on
+    both draws (holds: ratio 0.8 to the bound); b: the larger row 1.8× (breaks: 1.2); c: 1.2× and
+    1.8× (undecided); a group with one draw is left out."""
+    def rows(group, load, br0, surv, jsq):
+        return [{"workload": group, "replicas": 8, "requests": 3000, "seed": 1000 + s, "load": load,
+                 "policy": p, "mean_imbalance": 1.0, "ttft_s_p99": v[s]}
+                for p, v in (("br0", br0), ("brh-survival", surv), ("jsq", jsq))
+                for s in range(len(v))]
+    data = (rows("a", "saturated", [1.2, 2.4], [1.0, 2.4], [1.0, 2.0])
+            + rows("b", "0.8", [1.8, 1.8], [1.0, 3.6], [1.0, 2.0])
+            + rows("c", "saturated", [1.2, 3.6], [1.2, 3.6], [1.0, 2.0])
+            + rows("d", "saturated", [9.0], [9.0], [1.0]))
+    (text,) = ttft_lines(data)
+    assert "Over held-out draws 1000–1001 (3 groups, 2 saturated and 1 open loop)" in text
+    assert "in 1 of 3 groups; undecided in 1, above it in 1;" in text
+    assert "the highest is b G=8 n=3,000 0.8×: 1.80× (1.80–1.80)." in text
+    assert "Not holding as well: c G=8 n=3,000 saturated: 1.47×" in text and " d G" not in text
 
 
 def test_lookahead_lines_name_where_the_deployable_lookahead_does_not_pay():
