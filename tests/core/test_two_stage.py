@@ -203,10 +203,10 @@ def test_deadline_goes_first():
 
 def test_relative_deadline_places_a_request_past_f_theta_first():
     # Both replicas at the envelope (margins 0), one free slot, β = 6. Waits 0.2, 0.9, 0.2,
-    # 0.3 s: median 0.25, θ = min(4, 2·0.25) = 0.5 s; U = 3000 (the largest prompt), so
+    # 0.3 s: median w̃ = 0.25, θ = min(4, 2·w̃) = 0.5 s; U = 3000 (the largest prompt), so
     # u_j = 3000·w_j/0.5. F + u: 100 − 600 + 1200 = 700 (request 0), 3000 − 18000 + 5400 =
     # −9600 (request 1, the long prompt that waited longest), 700 (2), 100 − 600 + 1800 = 1300
-    # (3): request 3 goes. With f = 1.5 the deadline is 0.75 s and request 1 (0.9 s) goes first,
+    # (3): request 3 goes. With f = 1.5 the deadline is f·2·w̃ = 0.75 s and request 1 (0.9 s) goes first,
     # overflow or not; with f = 2 (1.0 s) nobody is late.
     loads, free = [[0.0], [0.0]], [1, 0]
     prompt, wait = [100, 3000, 100, 100], [0.2, 0.9, 0.2, 0.3]
@@ -215,6 +215,9 @@ def test_relative_deadline_places_a_request_past_f_theta_first():
     assert pool_deadline(25.0, 4.0, args[3], 1.5) == 0.75
     assert pool_deadline(25.0, None, args[3], 1.5) == 25.0  # the guard off: the lease's alone
     assert pool_deadline(0.5, 4.0, args[3], 1.5) == 0.5  # the lease's deadline when sooner
+    # the scale is the pool's own (2·w̃), not capped by ttft_slo_s: no wall-clock constant
+    assert pool_deadline(25.0, 0.1, args[3], 1.5) == 0.75
+    assert pool_deadline(25.0, 4.0, np.zeros(3), 2.0) == 8.0  # w̃ = 0: ttft_slo_s stands in
     for factor, want in ((None, 3), (2.0, 3), (1.5, 1)):
         got = two_stage_assign(*args, d=np.ones(1), deadline_factor=factor, **kw)
         assert got.pool_index.tolist() == [want]
