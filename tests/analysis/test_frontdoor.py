@@ -52,7 +52,8 @@ def test_the_papers_published_gain_is_quoted_as_published() -> None:
     # the paper's Table 1 says +11.8 % for BR-0 on its proprietary data (943 / 843 would round to 11.9)
     assert frontdoor._paper_gain("proprietary", "br0") == pytest.approx(11.8)
     assert "| 51,927 | 4.1× | +11.8 % |" in (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "+11.9%" not in (ROOT / "papers" / "reproduction" / "REPORT.md").read_text(encoding="utf-8")
+    report = (ROOT / "papers" / "reproduction" / "REPORT.md").read_text(encoding="utf-8")
+    assert "paper +11.8%" in report and "paper +11.9%" not in report  # (ours may be +11.9 %)
 
 
 def test_readme_is_short_and_its_first_screen_has_the_commands() -> None:
