@@ -46,8 +46,8 @@ def add_quality_args(p: argparse.ArgumentParser) -> None:
                    help="only these rows, comma-separated (default: all of " + ",".join(QUALITY_POLICIES) + ")")
     p.add_argument("--deadline-factor", type=float, default=None, metavar="F",
                    help="the BR rows (br0, brh-*) with the relative deadline f = F: a pooled "
-                        "request that has waited F times the first-token guard's scale is placed "
-                        "first (the policies' deadline_factor; default: the rows' own, off)")
+                        "request that has waited F times twice the pool's median wait is placed "
+                        "first (the policies' deadline_factor; default: the rows' own, 3)")
     p.add_argument("--jobs", type=int, default=1, help="local worker processes (default: 1)")
     p.add_argument("--csv", default=None, help="also write the rows to this CSV")
     from balanceroute.progress import add_quiet_arg

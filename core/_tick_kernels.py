@@ -1057,8 +1057,8 @@ def two_stage_tick(
 ):  # pragma: no cover - compiled; tested against the reference through two_stage_assign
     """The tick of :func:`two_stage_assign` on mutable copies ``loads`` (G, W) and ``free``;
     writes the decisions to ``out_i``/``out_g`` and returns how many there are. The pool deadline
-    is min(``deadline_s``, ``deadline_factor``·θ) (:func:`relative_deadline`; ``inf``: the
-    lease's alone). ``ws``: a
+    is min(``deadline_s``, ``deadline_factor``·2·w̃), w̃ the pool's median wait
+    (:func:`relative_deadline`; ``inf``: the lease's alone). ``ws``: a
     :func:`tick_workspace` for at least this G, W, pool size and ``r_max`` (its contents are
     scratch: nothing carries over from one tick to the next).
 

@@ -212,9 +212,9 @@ def two_stage_assign(
     ``F = α Σ_h d_h δ(h) − β Σ_h d_h (δ(h) − m_h)_+ + Σ_{i∈Q} u_i`` (sums in h order), with
     u_i = U·w_i/``ttft_slo_s`` (U = max_j of the linear term of F({j})) or 0 when the knob is off.
 
-    Order: (0) requests that waited ``≥ deadline_s`` go first — or ``≥ deadline_factor``·θ when
-    that is sooner (:func:`pool_deadline`, the relative deadline; θ the first-token guard's
-    scale) — oldest first, each to the replica
+    Order: (0) requests that waited ``≥ deadline_s`` go first — or ``≥ deadline_factor`` times
+    twice the pool's median wait when that is sooner and ``ttft_slo_s`` is set
+    (:func:`pool_deadline`, the relative deadline) — oldest first, each to the replica
     with a free slot maximising F({i}) (ties: more free slots, larger margin); (1) while Σ free >
     ``s_greedy``: the replica with the largest margin ``growth_steps`` (T) steps ahead,
     m(0) + T·free (a replica running fewer requests grows slower; ties: more free slots) —

@@ -209,8 +209,9 @@ class BR0Policy:
     :func:`~balanceroute.core.two_stage.urgency_scale`), so at w = θ it outranks any request that
     merely fits (``papers/ttft.md``); ``None`` turns it off; ``deadline_factor`` f (3,
     :data:`DEADLINE_FACTOR`): the *relative deadline* — a pooled request that has waited f times
-    twice the pool's median wait is placed first, as at ``deadline_s`` (:func:`~balanceroute.core.two_stage.pool_deadline`;
-    ``None``, or the guard off: only ``deadline_s``); ``lpt_batches``: a small batch
+    twice the pool's median wait is placed first, as at ``deadline_s``
+    (:func:`~balanceroute.core.two_stage.pool_deadline`; ``None``, or the guard off: only
+    ``deadline_s``); ``lpt_batches``: a small batch
     placed whole in Stage 1 (fewer than 2G pooled requests, Σ free − |pool| ≥ ``s_greedy``: the
     regime below saturation) goes by LPT — largest prompt first, each to the least-loaded
     replica — when that overflows the current envelope less (``papers/quality.md``; chosen on
