@@ -579,11 +579,13 @@ def test_disconnect_during_decode_aborts_and_prefill_releases(pd: PD) -> None:
     assert p1["expired"] == p0["expired"], "prefill's blocks were freed by the lease, not by the hand-off; " + context
 
 
-def _hold_until_answered(futures: list[Any], t0: float, prefill: str) -> None:
+def _hold_until_answered(futures: list[Any], t0: float, prefill: str, first_tokens: float) -> None:
     """Wait until every future is done: at most ``HOLD_CAP_S`` from ``t0``, or past it while the
-    prefill server has had a request within the last ``SHORT_LEASE_S`` + 2 s, counted from the
-    cap at the earliest (a correct proxy answers a pooled request within its forward-by time of
-    its prefill's answer), up to ``HOLD_MAX_S``."""
+    prefill server is still at work — a request running or waiting, or fewer than
+    ``first_tokens`` first tokens made so far (its gauges can stand still through a starved
+    engine step; its token counter is what it has finished) — and then ``SHORT_LEASE_S`` + 2 s
+    more (a correct proxy answers a pooled request within its forward-by time of its prefill's
+    answer), up to ``HOLD_MAX_S``."""
     end, hard_end = t0 + HOLD_CAP_S, t0 + HOLD_MAX_S
     last_busy = end  # past the cap: a request pooled just before it gets its forward-by time
     while not all(f.done() for f in futures):
@@ -591,7 +593,8 @@ def _hold_until_answered(futures: list[Any], t0: float, prefill: str) -> None:
         if now >= hard_end:
             return
         if now >= end:
-            if _counters(prefill)["running"] > 0:
+            c = _counters(prefill)
+            if c["running"] > 0 or c["generated"] < first_tokens:
                 last_busy = time.monotonic()
             elif time.monotonic() - last_busy >= SHORT_LEASE_S + 2.0:
                 return
@@ -606,7 +609,8 @@ def test_short_lease_never_forwards_late(servers: Servers, tmp_path: Path) -> No
     ``kv_lease_expired``. The streams are hung up once the four are answered (or after
     ``HOLD_CAP_S`` — longer while prefill is still busy — should the proxy hold them): not earlier, as a slot freed while a request's
     second prefill is still within its lease rightly serves it (two prefills took over 10 s at
-    load 45)."""
+    load 45; beside two busy loops a second prefill once ran two minutes with vLLM's running and
+    waiting gauges at 0, so the hold also waits for the prefills' first tokens)."""
     log = tmp_path / "proxy-short-lease.log"
     waiting = 4
     with proxy(servers, log, "--slots", "1", lease_s=SHORT_LEASE_S) as url:
@@ -636,7 +640,9 @@ def test_short_lease_never_forwards_late(servers: Servers, tmp_path: Path) -> No
                 streams.append(lines)
             t0 = time.monotonic()
             futures = [pool.submit(one, k) for k in range(waiting)]
-            _hold_until_answered(futures, t0, servers.prefill)
+            # every waiting request prefilled twice: the streams' first tokens and two each
+            _hold_until_answered(futures, t0, servers.prefill,
+                                 p0["generated"] + len(servers.replicas()) + 2 * waiting)
         results = [f.result() for f in futures]
         pool.shutdown()
         elapsed = time.monotonic() - t0
