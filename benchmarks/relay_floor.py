@@ -12,9 +12,9 @@ httptools), a coroutine wake and an ASGI send per chunk.
 
 ``native-tick``: the native pipe plus the decision work a barrier-aware router cannot skip —
 each request admitted and pooled in the proxy's own :class:`~balanceroute.serving.ledger.Ledger`
-(64 slots per upstream), one BR-0 tick (``policy.assign`` on the state the ledger builds, as
-the proxy's dispatcher runs it) to choose its upstream, its slot freed at the end. Still no
-parsing of events, no token counts, no metrics: what a request costs on this stack with the
+(64 slots per upstream), one BR-0 tick, run as the proxy's dispatcher runs it (BR-0's
+compiled tick on the ledger's arrays, ``serving/compiled_tick.py``), to choose its upstream,
+its slot freed at the end. Still no parsing of events, no token counts, no metrics: what a request costs on this stack with the
 policy and nothing else (the floor under the issue's per-request goal).
 
     python benchmarks/relay_floor.py PORT URL[,URL...] [native|uvicorn|native-tick]

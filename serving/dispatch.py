@@ -11,7 +11,10 @@ what they would be with the timer always armed.
 
 The tick is synchronous numpy (build state → ``policy.assign`` → apply) and runs inline on the
 event loop; its duration is recorded so ``/status`` and ``/metrics`` show that it stays far
-below a decode step. Requests wait for their replica on an ``asyncio.Future`` the tick resolves.
+below a decode step. A policy that declares a compiled tick (BR-0) is run as the simulator's
+fused loop runs it: its kernel on the ledger's arrays (:mod:`.compiled_tick`), the same
+decision without the generic path's per-tick objects, while the ledger's state is the whole
+state. Requests wait for their replica on an ``asyncio.Future`` the tick resolves.
 
 Fail small: lease expiry runs first, whatever the policy does; a policy that raises (or returns
 an invalid assignment) is logged and counted, and that tick is decided by ``least_load``
@@ -33,6 +36,7 @@ from balanceroute.core.policies.base import Policy
 from balanceroute.core.policies.least_load import LeastLoadPolicy
 from balanceroute.core.state import validate_assignment
 
+from .compiled_tick import CompiledTickRunner
 from .ledger import Ledger, Ticket
 
 log = logging.getLogger("balanceroute.serving.dispatch")
@@ -50,6 +54,8 @@ class Dispatcher:
     """Owns the :class:`Ledger` updates that need waking the tick, and the tick loop.
 
     ``on_tick(seconds, placed)`` is called after every tick that invoked the policy.
+    ``compiled``: run the policy's declared compiled tick where it applies (default; ``False``:
+    always ``policy.assign``, as for a policy that declares none).
     """
 
     def __init__(
@@ -60,16 +66,20 @@ class Dispatcher:
         tick_interval_s: float,
         on_tick: Callable[[float, int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        compiled: bool = True,
     ) -> None:
         self.ledger = ledger
         self.policy = policy
         self.tick_interval_s = tick_interval_s
         self.on_tick = on_tick
         self.clock = clock
-        self.tick_seconds = np.zeros(4096)
+        self.tick_seconds = [0.0] * 4096  # the last 4096 ticks' durations (a ring; a list: no numpy per tick)
         self.ticks = 0
         self.imbalance_sum = 0.0
         self.policy_errors = 0
+        self.compiled_ticks = 0  # ticks decided by the policy's compiled tick (CompiledTickRunner)
+        self._runner = (CompiledTickRunner(policy, ledger.num_replicas)
+                        if compiled and CompiledTickRunner.available() else None)
         self.fallback = LeastLoadPolicy()
         self._last_error_log = -float("inf")
         self._wake = asyncio.Event()
@@ -139,28 +149,28 @@ class Dispatcher:
                 ticket.future.set_exception(LeaseExpired(
                     f"request {ticket.request_id} waited {now - ticket.joined:.1f} s for a decode "
                     "slot: too long to forward within its prefill server's KV lease"))
-        t0 = time.perf_counter()
-        inputs = self.ledger.build_tick(now)
-        if inputs is None:
+        if not self.ledger.pool:  # (a finished request wakes the tick with the pool empty)
             return 0
-        state, view = inputs
-        try:
-            decision = self.policy.assign(state, view)
-            validate_assignment(state, view, decision)
-        except Exception as exc:  # a plug-in that throws degrades one tick, not the service
-            self.policy_errors += 1
-            if now - self._last_error_log >= 10.0:
-                self._last_error_log = now
-                log.error("policy %s failed (%d so far); this tick uses least_load: %r",
-                          getattr(self.policy, "name", "?"), self.policy_errors, exc)
-            decision = self.fallback.assign(state, view)
-            validate_assignment(state, view, decision)  # the ledger applies only valid decisions
-        placed = self.ledger.apply(state, view, decision)
+        t0 = time.perf_counter()
+        placed = self._compiled_tick(now)
+        if placed is None:  # the generic path: the policy's assign on the state the ledger builds
+            inputs = self.ledger.build_tick(now)
+            if inputs is None:
+                return 0
+            state, view = inputs
+            try:
+                decision = self.policy.assign(state, view)
+                validate_assignment(state, view, decision)
+            except Exception as exc:  # a plug-in that throws degrades one tick, not the service
+                self._policy_failed(now, exc, "least_load")
+                decision = self.fallback.assign(state, view)
+                validate_assignment(state, view, decision)  # the ledger applies only valid decisions
+            placed = self.ledger.apply(state, view, decision)
         for ticket in placed:
             if ticket.replica in ticket.failed_on:
                 self._steer_away(ticket)
         seconds = time.perf_counter() - t0
-        self.tick_seconds[self.ticks % self.tick_seconds.shape[0]] = seconds
+        self.tick_seconds[self.ticks % len(self.tick_seconds)] = seconds
         self.ticks += 1
         self.imbalance_sum += self.ledger.imbalance()
         for ticket in placed:
@@ -170,6 +180,32 @@ class Dispatcher:
             self.on_tick(seconds, len(placed))
         return len(placed)
 
+    def _compiled_tick(self, now: float) -> list[Ticket] | None:
+        """This tick by the policy's compiled tick (the placed tickets), or ``None`` for the
+        generic path: no runner, a state beyond the ledger's own, no declared tick, no free
+        slot — or a failure, counted and logged like a policy's (the generic path then decides
+        the tick, and the runner stays off)."""
+        runner = self._runner
+        if runner is None or not self.ledger.own_state():
+            return None
+        try:
+            decision = runner.decide(self.ledger, now)
+        except Exception as exc:
+            self._runner = None
+            self._policy_failed(now, exc, "the policy's assign from now on")
+            return None
+        if decision is None:
+            return None
+        self.compiled_ticks += 1
+        return self.ledger.place(*decision)
+
+    def _policy_failed(self, now: float, exc: Exception, instead: str) -> None:
+        self.policy_errors += 1
+        if now - self._last_error_log >= 10.0:
+            self._last_error_log = now
+            log.error("policy %s failed (%d so far); this tick uses %s: %r",
+                      getattr(self.policy, "name", "?"), self.policy_errors, instead, exc)
+
     def _steer_away(self, ticket: Ticket) -> None:
         free = self.ledger.free_slots()
         options = [g for g in np.flatnonzero(free > 0).tolist() if g not in ticket.failed_on]
@@ -178,10 +214,10 @@ class Dispatcher:
 
     def tick_stats(self) -> dict[str, float]:
         """Tick count and P50/P99/max duration in microseconds over the last 4096 ticks."""
-        n = min(self.ticks, self.tick_seconds.shape[0])
+        n = min(self.ticks, len(self.tick_seconds))
         if n == 0:
             return {"count": 0, "p50_us": 0.0, "p99_us": 0.0, "max_us": 0.0}
-        window = self.tick_seconds[:n] * 1e6
+        window = np.array(self.tick_seconds[:n]) * 1e6
         p50, p99 = np.percentile(window, [50, 99])
         return {"count": self.ticks, "p50_us": float(p50), "p99_us": float(p99),
                 "max_us": float(window.max())}

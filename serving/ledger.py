@@ -18,6 +18,7 @@ dispatcher, whose tick loop sleeps without a timer while the pool is empty, tick
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -79,6 +80,7 @@ class Ledger:
         self.pool_capacity = pool_capacity
         width = int(self.capacity.max())
         self.slot_rid = np.full((g_count, width), -1, dtype=np.int64)
+        self._open = [list(range(int(b))) for b in slots]  # free slot indices per replica (heaps)
         self.slot_prompt = np.zeros((g_count, width), dtype=np.int64)
         # a_i and L_g as last brought up to date: the relay's per-token progress only notes the
         # ticket (_grown); settle() applies what grew since, the loads and slot_age views show it
@@ -87,6 +89,7 @@ class Ledger:
         self._grown: set[Ticket] = set()
         self.num_active = np.zeros(g_count, dtype=np.int64)
         self.available = np.ones(g_count, dtype=bool)  # (changed by set_available only)
+        self._slots_in_service = [int(b) for b in slots]  # B_g, or 0 out of service (free_list)
         self._in_service = g_count  # replicas available: admit's check without a numpy call
         self.pool: list[Ticket] = []
         self.prefilling = 0
@@ -96,8 +99,10 @@ class Ledger:
         self.step = 0
         self.relayed = 0  # completion tokens relayed: Σ of every a_i's growth (the metrics' counter)
         self._next_rid = 0
-        # fills the tick's state with foreign load, budgets and speeds (Signals.reconcile)
+        # fills the tick's state with foreign load, budgets and speeds (Signals.reconcile), and
+        # says whether it would now add anything (Signals.adds_state; see own_state)
         self.reconcile: Callable[[ClusterState], None] | None = None
+        self.reconciles: Callable[[], bool] | None = None
         # called after a request is accepted (admit) / after a ticket enters the pool (enqueue,
         # requeue); see the module doc
         self.on_admit: Callable[[], None] | None = None
@@ -165,6 +170,13 @@ class Ledger:
     def free_slots(self) -> np.ndarray:
         """B_g − n_g for replicas in service, 0 for those out of service."""
         return np.where(self.available, self.capacity - self.num_active, 0)
+
+    def free_list(self, running: list[int] | None = None) -> list[int]:
+        """:meth:`free_slots` as Python ints, from ``running`` = ``num_active.tolist()`` (the
+        tick's path: each numpy call there costs microseconds, from caches the relay's work
+        has cleared)."""
+        running = self.num_active.tolist() if running is None else running
+        return [b - n if b else 0 for b, n in zip(self._slots_in_service, running, strict=True)]
 
     def imbalance(self) -> int:
         """I = G·M − Σ_g L_g on the current loads."""
@@ -292,8 +304,18 @@ class Ledger:
         """Take replica ``replica`` out of service (0 free slots to the policy) or back."""
         self.available[replica] = available
         self._in_service = int(np.count_nonzero(self.available))
+        self._slots_in_service[replica] = int(self.capacity[replica]) if available else 0
 
     # ------------------------------------------------------------------- tick
+    def own_state(self) -> bool:
+        """Whether a tick's state is the ledger's alone: no ``reconcile`` hook, or one whose
+        ``reconciles`` says it would add nothing now (no engine-reported load, KV budget or
+        replica speed). Then a compiled tick may read the ledger's arrays directly
+        (:mod:`.compiled_tick`)."""
+        if self.reconcile is None:
+            return True
+        return self.reconciles is not None and not self.reconciles()
+
     def build_tick(self, now: float) -> tuple[ClusterState, PoolView] | None:
         """The policy's inputs, or ``None`` when the pool is empty or no slot is free."""
         if not self.pool:  # (first: a finished request wakes the tick with the pool empty)
@@ -326,20 +348,24 @@ class Ledger:
         ``decision`` must be valid for ``state`` and ``view``
         (:func:`~balanceroute.core.state.validate_assignment`): the dispatcher checks it once,
         where the policy's decision enters, and decides a bad one by ``least_load`` instead."""
+        return self.place(decision.pool_index.tolist(), decision.replica.tolist())
+
+    def place(self, index: list[int], replica: list[int]) -> list[Ticket]:
+        """Bind pooled ticket ``index[k]`` to replica ``replica[k]`` (a valid decision, checked
+        by the caller) and count the tick; returns the placed tickets."""
         self.step += 1
-        if len(decision) == 0:
+        if not index:
             return []
-        placed = []
-        for j, g in zip(decision.pool_index.tolist(), decision.replica.tolist(), strict=True):
-            ticket = self.pool[j]
+        pool = self.pool
+        placed = [pool[j] for j in index]
+        for ticket, g in zip(placed, replica, strict=True):
             self._bind(ticket, g)
-            placed.append(ticket)
-        taken = set(decision.pool_index.tolist())
-        self.pool = [t for j, t in enumerate(self.pool) if j not in taken]
+        taken = set(index)
+        self.pool = [t for j, t in enumerate(pool) if j not in taken]
         return placed
 
     def _bind(self, ticket: Ticket, g: int) -> None:
-        slot = int(np.argmax(self.slot_rid[g] < 0))
+        slot = heapq.heappop(self._open[g])  # the lowest free slot
         ticket.state = "active"
         ticket.replica = g
         ticket.slot = slot
@@ -356,6 +382,7 @@ class Ledger:
         self._loads[g] -= ticket.prompt_len + self._slot_age[g, slot]  # what the loads hold of it
         self.num_active[g] -= 1
         self.slot_rid[g, slot] = -1
+        heapq.heappush(self._open[g], slot)
         self.slot_prompt[g, slot] = 0
         self._slot_age[g, slot] = 0
         ticket.replica = ticket.slot = -1

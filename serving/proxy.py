@@ -183,8 +183,9 @@ class Proxy:
                                on_read=self._on_engine_read)
         for g, d in enumerate(config.decode):  # configured KV budgets (an engine report replaces one)
             if getattr(d, "kv_budget", None):
-                self.signals.budget[g] = d.kv_budget
+                self.signals.set_budget(g, d.kv_budget)
         self.ledger.reconcile = self.signals.reconcile
+        self.ledger.reconciles = self.signals.adds_state
         self.metrics.register_gauges(self._extra_gauges)
         self.admin_token = config.admin_token()
         self._started = time.monotonic()
@@ -599,7 +600,8 @@ class Proxy:
             "envelope": int(led.loads.max()),
             "mean_imbalance_at_ticks": self.dispatcher.imbalance_sum / n_ticks,
             "requests": {"accepted": led.accepted, "in_flight": led.in_flight, "finished": dict(led.finished)},
-            "tick": {**self.dispatcher.tick_stats(), "policy_errors": self.dispatcher.policy_errors},
+            "tick": {**self.dispatcher.tick_stats(), "policy_errors": self.dispatcher.policy_errors,
+                     "compiled": self.dispatcher.compiled_ticks},
             "ejections": {"decode": dict(members.outliers.ejections_total),
                           "prefill": dict(self.prefills.detector.ejections_total)},
         }

@@ -1,6 +1,9 @@
 """The policy runs unchanged through the proxy: every tick the proxy ran on an emulated G = 8
 cluster is decided again, from the recorded state and pool, by a fresh policy object, and must
-give the identical assignment; the proxy must have applied exactly that assignment.
+give the identical assignment; the proxy must have applied exactly that assignment. BR-0 runs
+both ways: through ``assign`` (wrapped, so the generic path decides) and through its compiled
+tick on the ledger's arrays (:mod:`balanceroute.serving.compiled_tick`), whose every decision is
+checked against ``assign`` on the state the generic path would have built.
 
 Nothing here depends on wall-clock speed: *which* states the ticks see depends on timing, but
 the checks hold for whatever states they were. The speed-dependent comparison (br0 leaves less
@@ -46,40 +49,64 @@ class Recording:
         return out
 
     def __getattr__(self, item):  # deadline_s and friends, as the proxy reads them
+        if item == "compiled_tick":  # recorded: the proxy must call assign
+            raise AttributeError(item)
         return getattr(self.policy, item)
 
 
-@pytest.mark.parametrize("name", ["br0", "round_robin"])
-def test_proxy_applies_exactly_what_the_policy_decides(name: str) -> None:
+def _record_compiled(runner, ticks: list) -> None:
+    """Record each decision of the dispatcher's compiled tick with the state and pool the
+    generic path would have built for it (``build_tick`` at the same clock)."""
+    decide = runner.decide
+
+    def recording_decide(ledger, now):
+        inputs = ledger.build_tick(now)
+        out = decide(ledger, now)
+        if out is not None:
+            state, view = inputs
+            ticks.append((copy.deepcopy(state), copy.deepcopy(view), Assignment(
+                pool_index=np.array(out[0], dtype=np.int64), replica=np.array(out[1], dtype=np.int64))))
+        return out
+
+    runner.decide = recording_decide
+
+
+@pytest.mark.parametrize("name, compiled", [("br0", False), ("br0", True), ("round_robin", False)],
+                         ids=["br0-assign", "br0-compiled", "round_robin"])
+def test_proxy_applies_exactly_what_the_policy_decides(name: str, compiled: bool) -> None:
     g_count, slots = 8, 4
     workload = _decode_heavy(96, seed=3)
-    recorder = Recording(get_policy(name))
+    recorder = None if compiled else Recording(get_policy(name))
+    ticks = [] if recorder is None else recorder.ticks
     with running_emulator(num_replicas=g_count, slots=slots, num_prefill=2, time_scale=0.2,
                           step_model=StepModel(b=0.03, a=2e-6)) as emu, \
             running_proxy({**emu.proxy_mapping("nixl"), "policy": name, "pool_capacity": 256,
                            "health_interval_s": 0},
-                          policy=recorder) as (url, proxy, _):
+                          policy=recorder or get_policy(name)) as (url, proxy, _):
+        if compiled:
+            _record_compiled(proxy.dispatcher._runner, ticks)
         applied = []
         ledger = proxy.ledger
-        original_apply = ledger.apply
+        original_place = ledger.place
 
-        def recording_apply(state, view, decision):
+        def recording_place(index, replica):
             before, n_before = ledger.loads.copy(), ledger.num_active.copy()
-            placed = original_apply(state, view, decision)
+            placed = original_place(index, replica)
             applied.append((before, ledger.loads.copy(), n_before, ledger.num_active.copy()))
             return placed
 
-        ledger.apply = recording_apply
+        ledger.place = recording_place
         config = LoadgenConfig(url=url, concurrency=g_count * slots + 2 * g_count, timeout_s=120)
         summary, _ = run_load_sync(workload, config)
         assert summary["ok"] == len(workload), summary["error_kinds"]
         assert ledger.in_flight == 0 and not ledger.loads.any()
+        assert proxy.dispatcher.compiled_ticks == (len(ticks) if compiled else 0)
 
-    placed = sum(len(out) for _, _, out in recorder.ticks)
+    placed = sum(len(out) for _, _, out in ticks)
     assert placed == len(workload)  # every request placed exactly once, no retries here
-    assert any(len(pool) > 1 for _, pool, _ in recorder.ticks)  # some ticks had a choice
+    assert any(len(pool) > 1 for _, pool, _ in ticks)  # some ticks had a choice
     fresh = get_policy(name)
-    for state, pool, out in recorder.ticks:
+    for state, pool, out in ticks:
         again = fresh.assign(copy.deepcopy(state), copy.deepcopy(pool))
         np.testing.assert_array_equal(again.pool_index, out.pool_index)
         np.testing.assert_array_equal(again.replica, out.replica)
@@ -89,8 +116,8 @@ def test_proxy_applies_exactly_what_the_policy_decides(name: str) -> None:
         assert len(set(out.pool_index.tolist())) == len(out)
     # the proxy applied each decision: right after apply, the ledger's loads are the state's
     # loads plus the prompts placed on each replica, and its active counts grew likewise
-    assert len(applied) == len(recorder.ticks)
-    for (before, after, n_before, n_after), (state, pool, out) in zip(applied, recorder.ticks):
+    assert len(applied) == len(ticks)
+    for (before, after, n_before, n_after), (state, pool, out) in zip(applied, ticks):
         np.testing.assert_array_equal(before, state.loads)
         added = np.bincount(out.replica, weights=pool.prompt_len[out.pool_index],
                             minlength=g_count).astype(np.int64)
