@@ -7,8 +7,10 @@ because ``assign`` runs that same kernel with those same parameters. The simulat
 ``assign``; this module does the same for the proxy's dispatcher. Per tick it skips what the
 generic path builds and the kernel never reads — the running requests' columns of
 ``ClusterState``, the state and pool objects, ``two_stage_assign``'s argument checks and array
-copies — and keeps its arrays from tick to tick. On the proxy's request path that is about a
-tenth of the CPU a request costs (``benchmarks/README.md``, "Per request").
+copies — and keeps its arrays from tick to tick, with few numpy calls (between two relayed
+requests each costs microseconds from cold caches). On the proxy's request path that cut the CPU
+a request costs by about an eighth (0.87× per round against the code before;
+``benchmarks/README.md``, "Per request: BR-0's compiled tick in the proxy").
 
 It runs only where the generic path would hand the kernel nothing more: numba present, the
 policy declares the two-stage tick (BR-H and the FIFO baselines keep their ``assign``), and the

@@ -168,13 +168,13 @@ class Ledger:
         return len(self.tickets)
 
     def free_slots(self) -> np.ndarray:
-        """B_g − n_g for replicas in service, 0 for those out of service."""
-        return np.where(self.available, self.capacity - self.num_active, 0)
+        """B_g − n_g for replicas in service, 0 for those out of service (:meth:`free_list`)."""
+        return np.array(self.free_list(), dtype=np.int64)
 
     def free_list(self, running: list[int] | None = None) -> list[int]:
-        """:meth:`free_slots` as Python ints, from ``running`` = ``num_active.tolist()`` (the
-        tick's path: each numpy call there costs microseconds, from caches the relay's work
-        has cleared)."""
+        """B_g − n_g for replicas in service, 0 for those out of service, as Python ints, from
+        ``running`` = ``num_active.tolist()`` (the tick's path: each numpy call there costs
+        microseconds, from caches the relay's work has cleared)."""
         running = self.num_active.tolist() if running is None else running
         return [b - n if b else 0 for b, n in zip(self._slots_in_service, running, strict=True)]
 
@@ -303,8 +303,8 @@ class Ledger:
     def set_available(self, replica: int, available: bool) -> None:
         """Take replica ``replica`` out of service (0 free slots to the policy) or back."""
         self.available[replica] = available
-        self._in_service = int(np.count_nonzero(self.available))
         self._slots_in_service[replica] = int(self.capacity[replica]) if available else 0
+        self._in_service = sum(1 for b in self._slots_in_service if b)
 
     # ------------------------------------------------------------------- tick
     def own_state(self) -> bool:

@@ -207,7 +207,7 @@ class Signals:
                 state.loads = state.loads + load
                 state.num_active = state.num_active + running
                 state.free_slots = np.maximum(state.free_slots - running, 0)
-        if _HAS_BUDGET and (self.budget >= 0).any():  # reported, or configured (kv_budget)
+        if _HAS_BUDGET and self._budgeted:  # reported, or configured (kv_budget)
             state.kv_budget = np.where(self.budget >= 0, self.budget, _NO_BUDGET)
         if self.speed_fit is not None and _HAS_STEP:
             a, b, c = self.speed_fit.coefficients(state.now)
@@ -234,7 +234,7 @@ class Signals:
         budget = {"balanceroute_replica_kv_budget_tokens": (
             "KV token budget, reported by the engine or configured (-1: unknown).", self.budget.tolist())}
         if not self.readers:
-            return budget if (self.budget >= 0).any() else {}
+            return budget if self._budgeted else {}
         load, running, age = self.foreign()
         return {**budget,
             "balanceroute_replica_foreign_kv_load_tokens": (

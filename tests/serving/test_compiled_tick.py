@@ -106,8 +106,6 @@ def test_the_dispatcher_runs_the_compiled_tick_only_where_it_decides_the_same() 
     led = Ledger([2, 2], pool_capacity=8)
     led.reconcile, led.reconciles = (lambda state: None), (lambda: False)  # engine state off
     assert _dispatch_once(BR0Policy(), led).compiled_ticks == 1
-    led = Ledger([2, 2], pool_capacity=8)
-    assert _dispatch_once(BR0Policy(), led).ticks == 1
     off = Ledger([2, 2], pool_capacity=8)
 
     async def generic() -> int:

@@ -194,6 +194,7 @@ def test_random_operations_keep_the_accounting(ops, policy_name) -> None:
             assert led.loads.tolist() == expect.tolist()
         assert (led.num_active <= led.capacity).all()
         assert led.num_active.sum() == len(active) == (led.slot_rid >= 0).sum()
+        assert led.free_slots().tolist() == np.where(led.available, led.capacity - led.num_active, 0).tolist()
         for g in range(3):  # the free-slot heaps are the slot table's free slots, lowest first
             assert sorted(led._open[g]) == np.flatnonzero(led.slot_rid[g, :led.capacity[g]] < 0).tolist()
             assert not led._open[g] or led._open[g][0] == min(led._open[g])
