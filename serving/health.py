@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -39,6 +41,11 @@ __all__ = ["LOCAL_ERRNOS", "LoopLag", "Membership", "local_error"]
 
 log = logging.getLogger("balanceroute.serving.health")
 
+STALL_S = 1.0  # a sample this late is a stall: logged at warning and counted
+WATCHDOG_S = 10.0  # a loop blocked this long gets every thread's stack written to stderr
+_watchdog_owner: object | None = None  # the sampler whose watchdog is armed (one per process)
+
+
 class LoopLag:
     """How late the event loop runs a timer: every ``interval_s`` a sleep's overshoot is
     sampled (kept for ``keep_s``). :meth:`max_since` is what a probe result is judged against.
@@ -48,13 +55,27 @@ class LoopLag:
     is in flight, a probe round runs or probes are on (:class:`Membership`): the only times a
     timeout is judged against it. The first sample after a wake-up is how late the woken sampler
     ran, and :meth:`max_since` counts the wait for it, so a loop blocked right at the wake-up is
-    seen."""
+    seen.
+
+    A sample later than ``stall_s`` is a *stall*: every stream and timer waited that long. It is
+    logged at warning, counted (:attr:`stalls`) and passed to ``on_stall``. With ``watchdog_s``
+    each sample also re-arms :func:`faulthandler.dump_traceback_later`, so a loop blocked that
+    long (a call that never yields) gets every thread's stack written to stderr while it is
+    still blocked: the stall names its cause. Parked, the watchdog is off. ``faulthandler`` has
+    one such timer per process, so only the sampler that armed it last disarms it."""
 
     def __init__(self, interval_s: float = 0.05, keep_s: float = 60.0,
-                 wanted: Callable[[], bool] | None = None) -> None:
+                 wanted: Callable[[], bool] | None = None, stall_s: float = STALL_S,
+                 watchdog_s: float | None = None,
+                 on_stall: Callable[[float], None] | None = None) -> None:
         self.interval_s = interval_s
         self.keep_s = keep_s
         self.wanted = wanted
+        self.stall_s = stall_s
+        self.watchdog_s = watchdog_s
+        self.on_stall = on_stall
+        self.stalls = 0
+        self._armed = 0.0
         self.samples: deque[tuple[float, float]] = deque()  # (when sampled, lag)
         self.last = 0.0
         self.parked = False
@@ -66,25 +87,63 @@ class LoopLag:
         """Sample until cancelled (parked while not wanted)."""
         loop = self._loop = asyncio.get_running_loop()
         resume = self._resume = asyncio.Event()
-        while True:
-            if self.wanted is not None and not self.wanted():
-                self._due = 0.0  # nothing overdue while parked
-                self.last = 0.0
-                self.parked = True
-                try:
-                    await resume.wait()
-                finally:
-                    self.parked = False
-                    resume.clear()
-                # _due: when wake() was called; this sample is how late the sampler ran
-            else:
-                self._due = loop.time() + self.interval_s
-                await asyncio.sleep(self.interval_s)
-            now = loop.time()
-            self.last = max(0.0, now - self._due)
-            self.samples.append((now, self.last))
-            while self.samples and self.samples[0][0] < now - self.keep_s:
-                self.samples.popleft()
+        try:
+            while True:
+                if self.wanted is not None and not self.wanted():
+                    self._disarm()
+                    self._due = 0.0  # nothing overdue while parked
+                    self.last = 0.0
+                    self.parked = True
+                    try:
+                        await resume.wait()
+                    finally:
+                        self.parked = False
+                        resume.clear()
+                    # _due: when wake() was called; this sample is how late the sampler ran
+                else:
+                    self._arm()
+                    self._due = loop.time() + self.interval_s
+                    await asyncio.sleep(self.interval_s)
+                now = loop.time()
+                self.last = max(0.0, now - self._due)
+                self.samples.append((now, self.last))
+                while self.samples and self.samples[0][0] < now - self.keep_s:
+                    self.samples.popleft()
+                if self.last > self.stall_s:
+                    self._stalled(self.last)
+        finally:
+            self._disarm()
+
+    def _stalled(self, lag: float) -> None:
+        self.stalls += 1
+        log.warning("the event loop ran %.1f s late: every stream, probe and timer waited that long "
+                    "(the CPU was taken by other processes, or a call blocked the loop%s)", lag,
+                    f"; one blocked over {self.watchdog_s:g} s writes its stack to stderr"
+                    if self.watchdog_s else "")
+        if self.on_stall is not None:
+            self.on_stall(lag)
+
+    def _arm(self) -> None:
+        """(Re-)arm the watchdog once half its time has gone (faulthandler starts a thread per
+        arming): a loop blocked for between ``watchdog_s``/2 and ``watchdog_s`` is dumped."""
+        global _watchdog_owner
+        if not self.watchdog_s:
+            return
+        now = time.monotonic()
+        if _watchdog_owner is self and now - self._armed < 0.5 * self.watchdog_s:
+            return
+        try:
+            faulthandler.dump_traceback_later(self.watchdog_s, file=sys.stderr)
+        except (AttributeError, OSError, ValueError):  # stderr without a descriptor (captured)
+            self.watchdog_s = None
+            return
+        _watchdog_owner, self._armed = self, now
+
+    def _disarm(self) -> None:
+        global _watchdog_owner
+        if _watchdog_owner is self:
+            faulthandler.cancel_dump_traceback_later()
+            _watchdog_owner = None
 
     def wake(self) -> None:
         """Resume a parked sampler (called when it becomes wanted; a no-op otherwise)."""
@@ -134,7 +193,8 @@ class Membership:
         # flight (a timeout may then be judged against it); an idle proxy parks the sampler
         self._probing = 0
         self.lag = LoopLag(wanted=lambda: (config.health_interval_s > 0 or self._probing > 0
-                                           or ledger.in_flight > 0))
+                                           or ledger.in_flight > 0),
+                           watchdog_s=WATCHDOG_S, on_stall=lambda _lag: metrics.loop_stalls.inc())
         ledger.on_admit = self.lag.wake
         self._expiry: asyncio.TimerHandle | None = None
         self._task: asyncio.Task | None = None

@@ -122,6 +122,8 @@ class ProxyMetrics:
         self.poison = _Labelled(Counter("balanceroute_poison_requests", "Requests that failed on several hosts "
                                         "(their failures eject nobody), by stage.", ["stage"],
                                         registry=self.registry))
+        self.loop_stalls = Counter("balanceroute_loop_stalls", "Times the event loop ran over 1 s late (every "
+                                   "stream waited; docs/operator.md, loop lag).", registry=self.registry)
         self._ledger, self._labels = ledger, replica_labels
 
     @property

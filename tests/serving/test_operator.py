@@ -127,6 +127,58 @@ def test_readiness_fails_within_one_probe_interval_of_the_last_decode_replica_go
         assert "no prefill instance" in httpx.get(url + "/health").json()["reason"]
 
 
+def _blocks_the_loop(seconds: float) -> None:
+    time.sleep(seconds)  # a call that never yields: every stream, probe and timer waits
+
+
+@pytest.mark.anyio
+async def test_a_stalled_loop_is_logged_counted_and_names_its_cause(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A loop blocked past ``stall_s`` is a warning and a count; blocked past the watchdog, every
+    thread's stack goes to stderr while it is still blocked, naming the blocking call (CI once
+    saw a proxy answer nothing for two minutes and could not tell why)."""
+    from balanceroute.serving import health
+
+    config = pd_config(health_interval_s=5.0)  # probes on: the sampler runs while idle
+    with (tmp_path / "stderr").open("w+") as err:
+        monkeypatch.setattr(sys, "stderr", err)
+        async with mock_proxy(config, lambda r: httpx.Response(200)) as (client, proxy):
+            lag = proxy.members.lag
+            assert lag.watchdog_s == health.WATCHDOG_S and lag.stall_s == health.STALL_S
+            lag.watchdog_s = 0.5  # (the shipped 10 s would make this test slow)
+            await asyncio.sleep(0.2)  # sampled and armed
+            assert health._watchdog_owner is lag and lag.stalls == 0
+            with caplog.at_level("WARNING", logger="balanceroute.serving.health"):
+                _blocks_the_loop(2.0)
+                await asyncio.sleep(0.2)  # the next sample sees it
+            assert lag.stalls == 1, lag.samples
+            assert any("event loop ran" in r.getMessage() for r in caplog.records), caplog.text
+            text = (await client.get("/metrics")).text
+            assert "balanceroute_loop_stalls_total 1.0" in text
+        assert health._watchdog_owner is None  # stopped: disarmed
+        err.seek(0)
+        dump = err.read()
+    assert "_blocks_the_loop" in dump, dump[-3000:]
+
+
+def test_only_the_sampler_that_armed_the_watchdog_disarms_it() -> None:
+    """``faulthandler`` has one watchdog per process; proxies in one process (tests, embedding)
+    must not cancel each other's."""
+    from balanceroute.serving import health
+
+    first, second = health.LoopLag(watchdog_s=30.0), health.LoopLag(watchdog_s=30.0)
+    try:
+        first._arm()
+        second._disarm()  # parked without having armed: leaves the first one's timer
+        assert health._watchdog_owner is first
+        second._arm()
+        first._disarm()
+        assert health._watchdog_owner is second
+    finally:
+        second._disarm()
+    assert health._watchdog_owner is None
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("blocking", [True, False])
 async def test_probes_that_time_out_while_the_proxys_loop_lags_are_not_counted(blocking: bool) -> None:

@@ -427,6 +427,7 @@ def abort_case(cluster: Cluster, api: str) -> None:
     content = json.dumps(body).encode()
     host, port = cluster.proxy.removeprefix("http://").rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=FIRST_TOKEN_S + 60)
+    sent = time.monotonic()
     try:
         sock.sendall(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (path.encode(), host.encode(), len(content), content))
@@ -438,12 +439,17 @@ def abort_case(cluster: Cluster, api: str) -> None:
             seen += data
     finally:
         sock.close()
+        closed = time.monotonic()
     if not seen.startswith(b"HTTP/1.1 200"):
         raise AssertionError(f"{seen[:2000].decode(errors='replace')}\nproxy log:\n{_tail(cluster.proxy_log)}")
     assert seen.count(b"data: {") >= 5, seen[-2000:]
+    # which side was late, if this fails: the client's times and the proxy's log (which warns
+    # of a stalled event loop, with the blocking call's stack when it held the loop 5-10 s)
     wait_until(cluster.upstream_idle, "vLLM to drop the request",
-               describe=lambda: f"proxy in flight {metric(scrape(cluster.proxy), 'balanceroute_in_flight'):.0f}; "
-                                f"proxy log:\n{_tail(cluster.proxy_log, 10)}")
+               describe=lambda: f"the client read 5 events {closed - sent:.1f} s after sending and hung up "
+                                f"{time.monotonic() - closed:.1f} s ago; "
+                                f"proxy in flight {metric(scrape(cluster.proxy), 'balanceroute_in_flight'):.0f}; "
+                                f"proxy log:\n{_tail(cluster.proxy_log, 30)}")
     wait_until(cluster.proxy_idle, "the proxy's ledger to drain")
     # vLLM counts an aborted request in no finished_reason: a "length" here ran to the end
     ran = cluster.upstream("vllm:request_success_total", finished_reason="length") - finished
