@@ -20,10 +20,12 @@ import numpy as np
 from . import _tick_kernels
 from ._jit import njit as _njit
 from ._tick_kernels import (
+    _deadline_from,
+    _pool_median_known,
+    _scale_from,
     fifo_choose,
     fill_singles,
-    relative_deadline,
-    singles_apply,
+    singles_apply_max,
     singles_scratch,
     tick_workspace,
     two_stage_tick,
@@ -138,18 +140,27 @@ def simulate_loop(
             if kind == TWO_STAGE:
                 for g in range(g_count):
                     proj[g, 0] = float(loads[g])
+                longest = -np.inf
+                up = down = True  # whether the waits are monotone (_median's check, on the way)
                 for j in range(pool_n):
                     sizes[j] = float(prompt[pool[j]])
-                    waited[j] = now - joined[pool[j]]
-                # the pool deadline once (two_stage_tick is then given it, factor inf)
-                late_s = relative_deadline(deadline_s, deadline_factor, ttft_slo_s,
-                                           waited[:pool_n], spare[:pool_n])
-                if singles_apply(free, waited[:pool_n], s_greedy, r_max, late_s):
+                    wait_j = now - joined[pool[j]]
+                    waited[j] = wait_j
+                    if wait_j > longest:
+                        longest = wait_j
+                    if j > 0:
+                        up = up and waited[j - 1] <= wait_j
+                        down = down and waited[j - 1] >= wait_j
+                # the pool's median once, for the pool deadline (two_stage_tick is then given
+                # it, factor inf) and the first-token guard's scale θ
+                mid_wait = _pool_median_known(ttft_slo_s, waited[:pool_n], spare[:pool_n], up or down)
+                late_s = _deadline_from(deadline_s, deadline_factor, ttft_slo_s, mid_wait)
+                if singles_apply_max(free, pool_n, longest, s_greedy, r_max, late_s):
                     # a full cluster's tick (what two_stage_tick itself would run) without the
                     # general tick's set-up
                     n_chosen = fill_singles(
-                        proj, free, sizes[:pool_n], waited[:pool_n], ones, 1.0, beta, ttft_slo_s,
-                        out_i, out_g, alive, spare, lim[0], lim[1])
+                        proj, free, sizes[:pool_n], waited[:pool_n], ones, 1.0, beta,
+                        _scale_from(ttft_slo_s, mid_wait), out_i, out_g, alive, lim[0], lim[1])
                 else:
                     n_chosen = two_stage_tick(
                         proj, free, sizes[:pool_n], waited[:pool_n], ones, 1.0, beta, s_greedy,

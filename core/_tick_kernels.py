@@ -150,13 +150,21 @@ def _median(x, buf):  # pragma: no cover - compiled
     """``np.median(x)`` (P ≥ 1, no NaN) without allocating: a quickselect on the copy in ``buf``;
     the same order statistics, so the same value, (a + b) / 2 for an even P as numpy and numba
     compute it."""
-    n = x.shape[0]
-    half = n >> 1
     up = down = True  # a pool in the order its requests joined has its waits sorted already
-    for j in range(1, n):
+    for j in range(1, x.shape[0]):
         up = up and x[j - 1] <= x[j]
         down = down and x[j - 1] >= x[j]
-    if up or down:  # (either way the middle elements are order statistics half − 1 and half)
+    return _median_known(x, buf, up or down)
+
+
+@njit
+def _median_known(x, buf, ordered):  # pragma: no cover - compiled
+    """:func:`_median` of ``x`` when the caller knows whether ``x`` is monotone (``ordered``:
+    non-decreasing or non-increasing, then the middle elements are order statistics half − 1
+    and half and are read directly)."""
+    n = x.shape[0]
+    half = n >> 1
+    if ordered:
         return x[half] if n & 1 else (x[half - 1] + x[half]) / 2
     for j in range(n):
         buf[j] = x[j]
@@ -189,15 +197,50 @@ def _median(x, buf):  # pragma: no cover - compiled
     return (lower + upper) / 2
 
 
-@njit(inline="always")  # (a call costs the full-cluster tick 5 %: 310 against 295 ns)
-def _guard_scale(ttft_slo_s, wait, spare):  # pragma: no cover - compiled
-    """θ, the first-token guard's scale: min(``ttft_slo_s``, 2·median pool wait)
-    (:func:`~balanceroute.core.two_stage.urgency_scale`); ``spare`` (P,): the median's scratch."""
+@njit(inline="always")
+def _pool_median(ttft_slo_s, wait, spare):  # pragma: no cover - compiled
+    """w̃, the pool's median wait, where the first-token guard reads it (``ttft_slo_s`` finite
+    and > 0, a pooled request), else 0: the one median a tick takes, for the guard's scale θ
+    (:func:`_scale_from`) and the relative deadline (:func:`_deadline_from`). ``spare`` (P,):
+    the median's scratch."""
     if ttft_slo_s > 0.0 and ttft_slo_s < np.inf and wait.shape[0] > 0:
-        mid_wait = _median(wait, spare)
-        if mid_wait > 0.0:
-            ttft_slo_s = min(ttft_slo_s, 2.0 * mid_wait)
+        return _median(wait, spare)
+    return 0.0
+
+
+@njit(inline="always")
+def _pool_median_known(ttft_slo_s, wait, spare, ordered):  # pragma: no cover - compiled
+    """:func:`_pool_median` when the caller knows whether the waits are monotone
+    (:func:`_median_known`; the fused loop learns it while it writes them)."""
+    if ttft_slo_s > 0.0 and ttft_slo_s < np.inf and wait.shape[0] > 0:
+        return _median_known(wait, spare, ordered)
+    return 0.0
+
+
+@njit(inline="always")
+def _scale_from(ttft_slo_s, mid_wait):  # pragma: no cover - compiled
+    """θ, the first-token guard's scale, from the pool's median wait w̃ (:func:`_pool_median`):
+    min(``ttft_slo_s``, 2·w̃) while w̃ > 0 (:func:`~balanceroute.core.two_stage.urgency_scale`)."""
+    if ttft_slo_s > 0.0 and ttft_slo_s < np.inf and mid_wait > 0.0:
+        ttft_slo_s = min(ttft_slo_s, 2.0 * mid_wait)
     return ttft_slo_s
+
+
+@njit(inline="always")
+def _guard_scale(ttft_slo_s, wait, spare):  # pragma: no cover - compiled
+    """θ of the pool ``wait`` (:func:`_scale_from` of :func:`_pool_median`)."""
+    return _scale_from(ttft_slo_s, _pool_median(ttft_slo_s, wait, spare))
+
+
+@njit(inline="always")
+def _deadline_from(deadline_s, factor, ttft_slo_s, mid_wait):  # pragma: no cover - compiled
+    """The pool deadline with the relative deadline ``factor`` f (``inf``: off), from the pool's
+    median wait w̃ (:func:`_pool_median`): min(``deadline_s``, f·2·w̃) (``ttft_slo_s`` instead of
+    2·w̃ while w̃ = 0), while the first-token guard is on."""
+    if factor < np.inf and ttft_slo_s > 0.0 and ttft_slo_s < np.inf:
+        scale = 2.0 * mid_wait if mid_wait > 0.0 else ttft_slo_s
+        deadline_s = min(deadline_s, factor * scale)
+    return deadline_s
 
 
 @njit
@@ -205,26 +248,22 @@ def relative_deadline(deadline_s, factor, ttft_slo_s, wait, spare):  # pragma: n
     """The tick's pool deadline with the relative deadline ``factor`` f (``inf``: off):
     min(``deadline_s``, f·2·w̃), w̃ the pool's median wait (``ttft_slo_s`` instead of 2·w̃ while
     w̃ = 0), while the first-token guard is on — what
-    :func:`~balanceroute.core.two_stage.pool_deadline` computes, for the compiled tick and the
-    fused loop (``spare`` (P,): the median's scratch)."""
-    if factor < np.inf and ttft_slo_s > 0.0 and ttft_slo_s < np.inf:
-        scale = ttft_slo_s
-        if wait.shape[0] > 0:
-            mid_wait = _median(wait, spare)
-            if mid_wait > 0.0:
-                scale = 2.0 * mid_wait
-        deadline_s = min(deadline_s, factor * scale)
+    :func:`~balanceroute.core.two_stage.pool_deadline` computes (the compiled tick and the
+    fused loop take w̃ once, :func:`_pool_median`, and share it with θ; ``spare`` (P,): the
+    median's scratch)."""
+    if factor < np.inf:
+        return _deadline_from(deadline_s, factor, ttft_slo_s, _pool_median(ttft_slo_s, wait, spare))
     return deadline_s
 
 
 @njit
-def _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact, ttft_slo_s, lin, bonus, ub_buf,
-                cmax, order, count, spare):  # pragma: no cover - compiled
+def _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact, theta, lin, bonus, ub_buf,
+                cmax, order, count):  # pragma: no cover - compiled
     """A tick's constants of the pool (P ≥ 1), written into the workspace's ``lin``, ``bonus``,
-    ``ub_buf`` (P,), ``cmax`` (W,), ``order`` (2, P) and ``count`` (2,) (``spare`` (P,): the
-    median's scratch): each request's own value lin_j = Σ_h d_h c_j(h) (exact), the urgency bonus
-    u_j, the bound ub_j, and either the bound order of the best-first search (``prune``: a
-    horizon and a valid bound) or the pool scan's ``cmax``. Returns (ub, prune)."""
+    ``ub_buf`` (P,), ``cmax`` (W,), ``order`` (2, P) and ``count`` (2,): each request's own value
+    lin_j = Σ_h d_h c_j(h) (exact), the urgency bonus u_j (``theta``: the guard's scale θ,
+    :func:`_guard_scale`), the bound ub_j, and either the bound order of the best-first search
+    (``prune``: a horizon and a valid bound) or the pool scan's ``cmax``. Returns (ub, prune)."""
     n_pool = sizes.shape[0]
     if exact:
         _values(sizes, growth, d, lin)
@@ -233,15 +272,14 @@ def _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact, ttft_slo_s, lin,
             lin[j] = 0.0
     for j in range(n_pool):
         bonus[j] = 0.0
-    ttft_slo_s = _guard_scale(ttft_slo_s, wait, spare)
-    if ttft_slo_s > 0.0 and ttft_slo_s < np.inf:
+    if theta > 0.0 and theta < np.inf:
         top = -np.inf
         for j in range(n_pool):
             v = alpha * lin[j] if exact else ad * sizes[j]
             if v > top:
                 top = v
         for j in range(n_pool):
-            bonus[j] = top * (wait[j] / ttft_slo_s)
+            bonus[j] = top * (wait[j] / theta)
     if d.shape[0] == 1:  # BR-0 scans its pool (P terms per pop): no bound (``ub`` unused)
         ub = lin
     else:
@@ -730,8 +768,20 @@ def _set_score(q, n_q, sizes, growth, exact, bonus, loads, env, g, d, alpha, ad,
 def singles_apply(free, wait, s_greedy, r_max, deadline_s):  # pragma: no cover - compiled
     """Whether a tick with W = 1, no growth and no KV budget is :func:`fill_singles`' case: the
     fill (``r_max = 0``), a pooled request, 1 to ``s_greedy`` free slots and no replica with two,
-    and no pooled request at the pool deadline."""
-    if r_max > 0 or wait.shape[0] == 0:
+    and no pooled request at the pool deadline (:func:`singles_apply_max` on the pool's
+    longest wait)."""
+    longest = -np.inf
+    for j in range(wait.shape[0]):
+        if wait[j] > longest:
+            longest = wait[j]
+    return singles_apply_max(free, wait.shape[0], longest, s_greedy, r_max, deadline_s)
+
+
+@njit(inline="always")
+def singles_apply_max(free, n_pool, longest, s_greedy, r_max, deadline_s):  # pragma: no cover - compiled
+    """:func:`singles_apply` for a pool of ``n_pool`` requests whose longest wait is ``longest``
+    (a request at the deadline is one whose wait is ≥ it: the longest wait is)."""
+    if r_max > 0 or n_pool == 0:
         return False
     total = 0
     for g in range(free.shape[0]):
@@ -740,21 +790,20 @@ def singles_apply(free, wait, s_greedy, r_max, deadline_s):  # pragma: no cover 
         total += max(free[g], 0)
     if not 0 < total <= s_greedy:
         return False
-    for j in range(wait.shape[0]):
-        if wait[j] >= deadline_s:
-            return False
-    return True
+    return not longest >= deadline_s
 
 
-@njit
-def fill_singles(loads, free, sizes, wait, d, alpha, beta, ttft_slo_s, out_i, out_g, alive, spare,
-                 w, inv_w):  # pragma: no cover - compiled
+@njit(inline="always")  # (into the fused loop and two_stage_tick: no argument set-up per tick,
+# 1.17x the fused BR-0 loop; the compile on an empty cache grows by about 2 CPU-s)
+def fill_singles(loads, free, sizes, wait, d, alpha, beta, theta, out_i, out_g, alive, w,
+                 inv_w):  # pragma: no cover - compiled
     """The tick of a full cluster, in one pass over the pool per placement: W = 1, no growth, no
     KV budget and :func:`singles_apply` (the fill, at most ``s_greedy`` free slots so Stage 1 and
     the batch check idle, none two on one replica, no request at the pool deadline) — a
-    saturated cluster's tick, where each departure frees one slot. ``w``, ``inv_w``: the step-time
-    weights and their inverses (``lim[0]``, ``lim[1]``); ``alive``, ``spare`` (P,):
-    scratch. It makes the general path's
+    saturated cluster's tick, where each departure frees one slot. ``theta``: the first-token
+    guard's scale θ (:func:`_guard_scale`; the caller has the pool's median for its deadline
+    already); ``w``, ``inv_w``: the step-time weights and their inverses (``lim[0]``,
+    ``lim[1]``); ``alive`` (P,): scratch. It makes the general path's
     decisions with the general path's floating-point operations (``_pool_setup``,
     ``_stage2_replica``, ``_pick_k``, ``_fill_proposals``' one-slot case, ``_set_score``,
     ``_place``), without its per-tick set-up: the replica with the largest margin (ties: lower
@@ -776,8 +825,7 @@ def fill_singles(loads, free, sizes, wait, d, alpha, beta, ttft_slo_s, out_i, ou
     total_d += d[0]
     ad = alpha * total_d
     # the pool's constants (_pool_setup with BR-0's scan): θ, max_j α·Σd·s_j (u_j's scale), max_j s_j
-    ttft_slo_s = _guard_scale(ttft_slo_s, wait, spare)
-    guard = ttft_slo_s > 0.0 and ttft_slo_s < np.inf
+    guard = theta > 0.0 and theta < np.inf
     top = -np.inf
     cmax = sizes[0]
     for j in range(n_pool):
@@ -803,12 +851,16 @@ def fill_singles(loads, free, sizes, wait, d, alpha, beta, ttft_slo_s, out_i, ou
         safe = int(np.floor(m)) if m > 0.0 else 0
         hi = 2 * safe
         quantum = 1 + hi // FILL_LEVELS
-        safe_q = safe // quantum
-        hi_q = hi // quantum
+        # a request of c = ⌈s_j⌉ tokens is qs = ⌈c / quantum⌉ quanta; qs ≤ b ⟺ c ≤ b·quantum and
+        # qs ≥ b ⟺ c > (b − 1)·quantum, so the scan compares tokens against bucket edges and
+        # divides only when it takes a new candidate (an integer division per pooled request
+        # cost the full-cluster tick about a fifth)
+        safe_c = (safe // quantum) * quantum  # qs ≤ safe_q
+        hi_c = (hi // quantum) * quantum  # qs ≤ hi_q
         single = -1
         f_single = 0.0
         low = high = -1
-        low_w = high_w = 0
+        low_edge = high_edge = 0  # c > low_edge: qs ≥ low's; c ≤ high_edge: qs ≤ high's
         n_items = 0
         for j in range(n_pool):
             if not alive[j]:
@@ -817,25 +869,27 @@ def fill_singles(loads, free, sizes, wait, d, alpha, beta, ttft_slo_s, out_i, ou
             if scan:
                 x = sizes[j] - m
                 tot += d[0] * (x if x > 0.0 else 0.0)
-            v = (ad * sizes[j] - beta * tot) + (top * (wait[j] / ttft_slo_s) if guard else 0.0)
+            v = (ad * sizes[j] - beta * tot) + (top * (wait[j] / theta) if guard else 0.0)
             if single < 0 or v > f_single:
                 single, f_single = j, v
             if safe > 0 and n_items < window:
-                qs = (int(np.ceil(sizes[j])) + quantum - 1) // quantum
-                if qs <= hi_q:
+                c = int(np.ceil(sizes[j]))
+                if c <= hi_c:
                     n_items += 1
-                    if qs <= safe_q:
-                        if low < 0 or qs >= low_w:
-                            low, low_w = j, qs
-                    elif high < 0 or qs <= high_w:
-                        high, high_w = j, qs
+                    if c <= safe_c:
+                        if low < 0 or c > low_edge:
+                            low = j
+                            low_edge = ((c + quantum - 1) // quantum - 1) * quantum
+                    elif high < 0 or c <= high_edge:
+                        high = j
+                        high_edge = ((c + quantum - 1) // quantum) * quantum
         best_f = -np.inf
         best = -1
         for i in (low, high):
             if i < 0:
                 continue
             urg = 0.0
-            urg += top * (wait[i] / ttft_slo_s) if guard else 0.0  # u_i
+            urg += top * (wait[i] / theta) if guard else 0.0  # u_i
             delta = 0.0
             delta += sizes[i]
             total = 0.0  # _score_one
@@ -1072,11 +1126,13 @@ def two_stage_tick(
     n_pool = sizes.shape[0]
     budget = lim[2].shape[1] > 0
     alive, spare = singles_scratch(ws)
-    deadline_s = relative_deadline(deadline_s, deadline_factor, ttft_slo_s, wait, spare[:n_pool])
+    mid_wait = _pool_median(ttft_slo_s, wait, spare[:n_pool])  # once: the deadline's and θ's
+    deadline_s = _deadline_from(deadline_s, deadline_factor, ttft_slo_s, mid_wait)
+    theta = _scale_from(ttft_slo_s, mid_wait)
     if width == 1 and not has_growth and not budget and singles_apply(free, wait, s_greedy, r_max,
                                                                       deadline_s):
-        return fill_singles(loads, free, sizes, wait, d, alpha, beta, ttft_slo_s, out_i, out_g,
-                            alive[:n_pool], spare[:n_pool], lim[0], lim[1])
+        return fill_singles(loads, free, sizes, wait, d, alpha, beta, theta, out_i, out_g,
+                            alive[:n_pool], lim[0], lim[1])
     exact = exact_score and has_growth
     total_d = 0.0
     for h in range(width):
@@ -1105,8 +1161,8 @@ def two_stage_tick(
              and not budget)  # (LPT knows no budget)
     loads0 = loads[:, 0].copy() if batch else env[:0]  # (empty views: no allocation)
     free0 = free.copy() if batch else free[:0]
-    ub, prune = _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact, ttft_slo_s, lin,
-                            bonus, ub_buf, cmax, ranked, ranked_n, spare)
+    ub, prune = _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact, theta, lin,
+                            bonus, ub_buf, cmax, ranked, ranked_n)
     alive[:] = True
     # cand, cand_f: the best candidates of a pick, best first
     placed = 0

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["Assignment", "ClusterState", "PoolView", "planned_overflow", "validate_assignment"]
+__all__ = ["Assignment", "ClusterState", "PoolView", "check_decisions", "planned_overflow",
+           "validate_assignment"]
 
 _EMPTY_I = np.zeros(0, dtype=np.int64)
 
@@ -116,16 +117,28 @@ _SMALL = 16
 
 
 def _validate_small(state: ClusterState, n: int, g: int, index: list[int], replica: list[int]) -> None:
-    if min(index) < 0 or max(index) >= n:
+    check_decisions(index, replica, n, state.free_slots.tolist())
+
+
+def check_decisions(index: list[int], replica: list[int], n_pool: int, free: list[int]) -> None:
+    """:func:`validate_assignment`'s checks on Python ints (pool positions ``index`` and their
+    ``replica``, of ``n_pool`` pooled requests and replicas with ``free`` slots): each position
+    once and in range, each replica in range and given at most its free slots; ``ValueError``
+    otherwise. The proxy checks its compiled tick's decisions with it
+    (:mod:`balanceroute.serving.compiled_tick`)."""
+    if not index and not replica:
+        return
+    if len(index) != len(replica):
+        raise ValueError("assignment arrays differ in length")
+    if min(index) < 0 or max(index) >= n_pool:
         raise ValueError("assignment names a pool position that does not exist")
     if len(set(index)) != len(index):
         raise ValueError("assignment names a pooled request twice")
-    if min(replica) < 0 or max(replica) >= g:
+    if min(replica) < 0 or max(replica) >= len(free):
         raise ValueError("assignment names a replica that does not exist")
     placed = dict.fromkeys(replica, 0)
     for r in replica:
         placed[r] += 1
-    free = state.free_slots.tolist()
     if min(free) < 0 or any(count > free[r] for r, count in placed.items()):  # (numpy's: every g)
         raise ValueError("assignment exceeds a replica's free slots")
 

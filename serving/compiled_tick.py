@@ -27,6 +27,7 @@ import numpy as np
 from balanceroute.core._jit import HAVE_NUMBA
 from balanceroute.core._tick_kernels import tick_workspace, two_stage_tick
 from balanceroute.core.fused import compiled_tick
+from balanceroute.core.state import check_decisions
 from balanceroute.core.tick_contract import TWO_STAGE, CompiledTick
 
 from .ledger import Ledger
@@ -104,7 +105,7 @@ class CompiledTickRunner:
             (self._weights, self._weights, self._no_room, cost), self._work,
         )
         index, replica = (row[:count] for row in self._out.tolist())
-        _check(index, replica, n, free_now)
+        check_decisions(index, replica, n, free_now)
         return index, replica
 
     def _grow(self, n_pool: int, r_max: int) -> None:
@@ -113,15 +114,3 @@ class CompiledTickRunner:
         self._out = np.zeros((2, self._cap), dtype=np.int64)
         self._out_i, self._out_g = self._out
         self._work = tick_workspace(self.num_replicas, 1, self._cap, r_max)
-
-
-def _check(index: list[int], replica: list[int], n_pool: int, free: list[int]) -> None:
-    """What :func:`~balanceroute.core.state.validate_assignment` checks, on Python ints: each
-    pool position once and in range, each replica in range and given at most its free slots."""
-    if len(set(index)) != len(index) or not all(0 <= j < n_pool for j in index):
-        raise ValueError(f"compiled tick named pool positions {index} of {n_pool}")
-    left = list(free)
-    for g in replica:
-        if not 0 <= g < len(left) or left[g] < 1:
-            raise ValueError(f"compiled tick gave replica {g} more requests than its free slots {free}")
-        left[g] -= 1

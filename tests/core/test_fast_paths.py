@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from balanceroute.core import fused, projection, simulator, two_stage
 from balanceroute.core._tick_kernels import (
     _fill_proposals,
+    _guard_scale,
     _largest_contribution,
     _pick_k,
     _pool_setup,
@@ -296,8 +297,9 @@ def test_best_first_search_picks_what_the_pool_scan_picks(case, data):
     env = loads.max(axis=0)
     lin, bonus, ub_buf, cmax, spare = np.empty(n), np.empty(n), np.empty(n), np.empty(width), np.empty(n)
     order, count = np.empty((2, n), dtype=np.int64), np.empty(2, dtype=np.int64)
-    ub, prune = _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact, case["slo"], lin, bonus,
-                            ub_buf, cmax, order, count, spare)
+    theta = _guard_scale(case["slo"], wait, spare)
+    ub, prune = _pool_setup(sizes, growth, wait, d, alpha, ad, beta, exact, theta, lin, bonus,
+                            ub_buf, cmax, order, count)
     assert prune
     _largest_contribution(sizes, growth, exact, cmax)
     tot, f1, marg = np.empty(n), np.empty(n), np.empty(width)

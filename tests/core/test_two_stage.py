@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balanceroute.core._tick_kernels import _median, singles_apply
+from balanceroute.core._tick_kernels import _median, _median_known, singles_apply
 from balanceroute.core.model import exact_horizon_score, f_score, horizon_f_score
 from balanceroute.core.projection import placement_growth
 from balanceroute.core.two_stage import (
@@ -514,6 +514,44 @@ def test_full_cluster_tick_matches_literal_reference(instance, spare_greedy):
     assert list(zip(got.pool_index.tolist(), got.replica.tolist())) == want
 
 
+# Sizes at the edges of the fill's quanta: one free slot whose margin m makes the quantum
+# q = 1 + 2·⌊m⌋ // FILL_LEVELS 2 to 6 tokens, requests of k·q − 1, k·q and k·q + 1 tokens — the
+# sizes where ⌈c / q⌉ steps, which the full-cluster tick compares against bucket edges instead of
+# dividing (random sizes rarely land there). The fill's proposals decide only ties with the best
+# single request (the later of two equal sizes, not the earlier), so sizes repeat and the waits
+# are often equal.
+quantum_edge_ticks = st.integers(2, 6).flatmap(
+    lambda q: st.tuples(
+        st.just(q),
+        st.integers(2048 * (q - 1), 2048 * q - 1),
+        st.lists(st.tuples(st.integers(1, 12), st.sampled_from([-1, 0, 0, 1])), min_size=1,
+                 max_size=30),
+        st.one_of(st.sampled_from([[0.0] * 30, [1.0] * 30]),
+                  st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=30, max_size=30)),
+        st.sampled_from([None, 4.0]),
+    )
+)
+
+
+@pytest.mark.parametrize("past", [False, True], ids=["fitting", "overflowing"])
+@settings(max_examples=250, deadline=None)
+@given(quantum_edge_ticks)
+def test_full_cluster_tick_at_the_edges_of_the_quanta_matches_literal_reference(past, instance):
+    """``past``: sizes just past the margin (the fill's smallest overflowing request), else
+    sizes that fit (its largest fitting one)."""
+    q, margin, picks, waits, slo = instance
+    base = (margin // q + 1) * q if past else 0
+    prompt = [max(1, base + k * q + off) for k, off in picks]
+    wait = sorted(waits[:len(prompt)], reverse=True)
+    loads, free = [float(margin), 0.0], [0, 1]  # replica 1 has the one free slot, margin m
+    kwargs = dict(d=[1.0], alpha=1.0, beta=6.0, s_greedy=1, r_max=0, deadline_s=25.0, ttft_slo_s=slo)
+    assert singles_apply(np.array(free), np.array(wait), 1, 0, 25.0)
+    got = two_stage_assign(np.array(loads)[:, None], np.array(free), np.array(prompt, dtype=np.int64),
+                           np.array(wait), **kwargs)
+    want = reference_tick([[x] for x in loads], free, prompt, wait, **kwargs)
+    assert list(zip(got.pool_index.tolist(), got.replica.tolist())) == want
+
+
 @settings(max_examples=150, deadline=None)
 @given(full_cluster_ticks, st.data())
 def test_full_cluster_tick_with_replica_speeds_matches_the_numpy_tick(instance, data):
@@ -538,3 +576,14 @@ def test_full_cluster_tick_with_replica_speeds_matches_the_numpy_tick(instance, 
 def test_tick_median_is_numpys(values, order):
     x = np.array(sorted(values, reverse=order == "reversed") if order != "drawn" else values)
     assert _median(x, np.empty(len(x))) == np.median(x)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.floats(0.0, 50.0), st.sampled_from([0.0, 1.0, 2.5])), min_size=1,
+                max_size=80))
+def test_tick_median_told_the_order_is_numpys(values):
+    """``_median_known``: told the waits are monotone (the fused loop learns it while writing
+    them) it reads the middle; told nothing, it selects — numpy's median either way."""
+    for x, ordered in ((np.array(sorted(values)), True), (np.array(sorted(values, reverse=True)), True),
+                       (np.array(values), False)):
+        assert _median_known(x, np.empty(len(x)), ordered) == np.median(x)

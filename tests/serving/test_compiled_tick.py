@@ -169,7 +169,7 @@ def test_signals_say_when_they_add_to_the_ledgers_state() -> None:
 
 
 def test_a_decision_the_ledger_cannot_apply_is_refused() -> None:
-    from balanceroute.serving.compiled_tick import _check
+    from balanceroute.core.state import check_decisions as _check
 
     _check([1, 0], [0, 1], 2, [1, 1])  # valid: each position once, within the free slots
     for index, replica, free in (([0, 0], [0, 1], [1, 1]),  # a position twice
