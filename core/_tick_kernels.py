@@ -794,7 +794,7 @@ def singles_apply_max(free, n_pool, longest, s_greedy, r_max, deadline_s):  # pr
 
 
 @njit(inline="always")  # (into the fused loop and two_stage_tick: no argument set-up per tick,
-# 1.17x the fused BR-0 loop; the compile on an empty cache grows by about 2 CPU-s)
+# about 1.08x the fused BR-0 loop; the compile on an empty cache grows by about 2 CPU-s)
 def fill_singles(loads, free, sizes, wait, d, alpha, beta, theta, out_i, out_g, alive, w,
                  inv_w):  # pragma: no cover - compiled
     """The tick of a full cluster, in one pass over the pool per placement: W = 1, no growth, no
