@@ -67,7 +67,7 @@ def pool_deadline(deadline_s: float, ttft_slo_s: float | None, wait: NDArray,
     deadline"): a few times the wait FIFO would give, read from the pool, with no wall-clock
     constant (``ttft_slo_s`` stands in for 2·w̃ only while w̃ = 0). ``factor=None`` or the
     first-token guard off (``ttft_slo_s=None``): ``deadline_s``. The compiled tick and the fused
-    loop compute the same in their kernel (``_tick_kernels.relative_deadline``); this is the
+    loop compute the same in their kernel (``_tick_kernels._deadline_from``); this is the
     numpy path's."""
     if factor is None or ttft_slo_s is None:
         return float(deadline_s)

@@ -175,6 +175,7 @@ def test_a_decision_the_ledger_cannot_apply_is_refused() -> None:
     for index, replica, free in (([0, 0], [0, 1], [1, 1]),  # a position twice
                                  ([2], [0], [1, 1]),  # no such position
                                  ([0, 1], [1, 1], [1, 1]),  # replica 1 has one free slot
-                                 ([0], [-1], [1, 1]), ([0], [2], [1, 1])):  # no such replica
+                                 ([0], [-1], [1, 1]), ([0], [2], [1, 1]),  # no such replica
+                                 ([0, 1], [0], [1, 1])):  # a position without a replica
         with pytest.raises(ValueError):
             _check(index, replica, 2, free)
