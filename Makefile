@@ -11,6 +11,7 @@ REPLICAS ?= 8
 .PHONY: reproduce compare test test-explore install install-all lint clean bench-venv bench-proxy docs
 
 $(BIN)/python:
+	@$(PY) -c 'import sys; sys.exit(None if sys.version_info >= (3, 11) else "balanceroute needs Python 3.11 or newer; $(PY) is Python " + sys.version.split()[0] + ": run make with PY=python3.11 (or newer)")'
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -557,10 +558,6 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{text_path}: invalid JSON: {exc}") from None
     else:
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib  # type: ignore[no-redef]
         try:
             data = tomllib.loads(raw.decode())
         except tomllib.TOMLDecodeError as exc:

@@ -277,7 +277,7 @@ class EmulatedCluster:
         try:
             await asyncio.wait_for(pulled.wait(), self.config.kv_lease_s)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.kv["expired"] += 1
             return False
         finally:
