@@ -158,6 +158,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="draw output lengths from this workload when requests lack ignore_eos")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--kv-lease", type=float, default=30.0, help="prefill KV hold in seconds")
+    e.add_argument("--kv-capacity", type=int, default=1_000_000, metavar="TOKENS",
+                   help="KV budget of each decode replica in tokens (whole blocks of 16; default "
+                        "1,000,000): past it a replica queues, then preempts its newest request, "
+                        "which recomputes its KV, as vLLM does")
     e.add_argument("--stamp-chunks", action="store_true", help="add emulator_ts to streamed chunks")
     e.add_argument("--prefill-fail-rate", type=float, default=0.0)
     e.add_argument("--decode-fail-rate", type=float, default=0.0)
@@ -354,7 +358,7 @@ _EMULATOR_FLAGS = {"num_replicas": "--replicas", "num_prefill": "--prefill", "pr
                    "time_scale": "--time-scale", "kv_lease_s": "--kv-lease", "killed": "--kill-replica",
                    "slow": "--slow-replica", "prefill_fail_rate": "--prefill-fail-rate",
                    "decode_fail_rate": "--decode-fail-rate", "stream_break_rate": "--stream-break-rate",
-                   "slots": "--slots", "poison_word": "--poison-word"}
+                   "slots": "--slots", "poison_word": "--poison-word", "kv_capacity_tokens": "--kv-capacity"}
 
 
 def _emulate(args: argparse.Namespace) -> int:
@@ -379,6 +383,7 @@ def _emulate(args: argparse.Namespace) -> int:
             prefill_fail_rate=args.prefill_fail_rate, decode_fail_rate=args.decode_fail_rate,
             stream_break_rate=args.stream_break_rate, killed=tuple(args.kill_replica),
             slow=tuple(args.slow_replica), poison_word=args.poison_word,
+            kv_capacity_tokens=args.kv_capacity,
         )
     except ValueError as exc:  # name the flag, not the field
         raise flag_error(exc, _EMULATOR_FLAGS) from None

@@ -7,7 +7,12 @@ proxy's ``transfer_id`` and the DP engine ids are served at ``/query``). The G d
 step in lock-step like DP ranks joined by a collective: each step lasts
 ``τ = b + max_g(slow_g·(a·L_g + c·n_g))`` (``core.dynamics.StepModel``), scaled to wall time by
 ``time_scale``, then every running request gets one token. A replica admits waiting requests
-up to ``slots`` at the start of a step (vLLM ``max_num_seqs``).
+up to ``slots`` at the start of a step (vLLM ``max_num_seqs``) while their KV fits the
+replica's budget (``kv_capacity_tokens`` in whole blocks, what it reports as vLLM's
+``num_gpu_blocks``), and preempts its newest running request while the running KV outgrows it:
+the scheduling of ``core.replica_engine`` (vLLM v1's FCFS scheduler; ``docs/replicas.md``), the
+preempted request recomputing its s_i + a_i tokens when admitted again at
+``recompute_s_per_token`` seconds each, in that step.
 
 Tokenisation (documented, tokenizer-free): a prompt has one token per whitespace-separated
 word, token-id prompts count exactly, chat messages add 4 tokens each. Output length is
@@ -35,6 +40,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from balanceroute.core.dynamics import StepModel, StepTotals
+from balanceroute.core.replica_engine import RECOMPUTE_S_PER_TOKEN
 
 __all__ = ["WORDS", "EmulatedCluster", "EmulatedRequest", "EmulatorConfig", "emulated_text"]
 
@@ -61,6 +67,10 @@ class EmulatorConfig:
     (HTTP 500 before the first token), ``stream_break_rate`` (the stream stops at a random
     token), ``killed`` replicas (503, streams cut), ``slow`` replicas ((g, factor) pairs),
     ``poison_word`` (every decode replica answers 500 to a prompt containing it).
+    ``kv_capacity_tokens``: each decode replica's KV budget (rounded down to whole blocks of
+    ``block_size``), enforced as vLLM does (queue, then preempt the newest; the module
+    docstring); ``recompute_s_per_token``: what a preempted request's recompute adds to its
+    replica's step, per token.
     ``replica_steps``: one step model per replica (a_g, b_g, c_g; docs/replicas.md), the step
     then lasting max_g (b_g + slow_g·(a_g·L_g + c_g·n_g)); ``None``: ``step_model`` everywhere.
     ``stamp_chunks`` adds ``emulator_ts`` (``time.monotonic()`` when the token was made) to
@@ -82,6 +92,7 @@ class EmulatorConfig:
     kv_lease_s: float = 30.0
     kv_capacity_tokens: int = 1_000_000
     block_size: int = 16
+    recompute_s_per_token: float = RECOMPUTE_S_PER_TOKEN
     stamp_chunks: bool = False
     prefill_fail_rate: float = 0.0
     decode_fail_rate: float = 0.0
@@ -106,6 +117,12 @@ class EmulatorConfig:
             raise ValueError(f"{self.time_scale=} must be > 0")
         if self.prefill_a < 0 or self.prefill_b < 0:
             raise ValueError("prefill_a and prefill_b must be >= 0")
+        if self.block_size < 1:
+            raise ValueError(f"{self.block_size=} must be >= 1")
+        if self.kv_capacity_tokens < self.block_size:
+            raise ValueError(f"{self.kv_capacity_tokens=} must be at least one block ({self.block_size} tokens)")
+        if not self.recompute_s_per_token >= 0:
+            raise ValueError(f"{self.recompute_s_per_token=} must be >= 0")
         for name in ("prefill_fail_rate", "decode_fail_rate", "stream_break_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be in [0, 1]")
@@ -124,7 +141,8 @@ class EmulatorConfig:
 class EmulatedRequest:
     """One decode request: ``prompt`` s_i and ``output`` o_i tokens on ``replica``; ``event``
     is set whenever it gets a token (or is cut); ``limit`` is the client's ``max_tokens``,
-    ``break_at`` the token at which an injected fault cuts its stream (0: never)."""
+    ``break_at`` the token at which an injected fault cuts its stream (0: never);
+    ``recompute``: preempted, its KV lost until it is admitted again."""
 
     rid: str
     prompt: int
@@ -138,6 +156,7 @@ class EmulatedRequest:
     broken: bool = False
     break_at: int = 0
     stamp: float = 0.0
+    recompute: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -152,6 +171,8 @@ class _Replica:
     break_rate: float = 0.0
     completed: int = 0
     aborted: int = 0
+    preempted: int = 0
+    recompute: int = 0  # tokens it recomputes in the step being booked
     prompt_tokens: int = 0
     generated: int = 0
     finished: dict[str, int] = field(default_factory=lambda: {"length": 0, "stop": 0, "abort": 0})
@@ -190,7 +211,8 @@ class EmulatedCluster:
         self.totals = StepTotals()
         self.kv = {"hits": 0, "misses": 0, "expired": 0}
         self.counts = {"prefilled": 0, "admitted": 0, "completed": 0, "aborted": 0, "broken": 0,
-                       "failed_injected": 0, "rejected": 0, "injected": 0}
+                       "failed_injected": 0, "rejected": 0, "injected": 0, "preempted": 0,
+                       "recomputed_tokens": 0}
         self.wall_start: float | None = None
         self.wall_last = 0.0
 
@@ -216,7 +238,8 @@ class EmulatedCluster:
             "waiting": sum(len(r.waiting) for r in self.replicas),
             "per_replica": [
                 {"running": len(r.running), "waiting": len(r.waiting), "load": r.load,
-                 "completed": r.completed, "aborted": r.aborted, "killed": r.killed, "slow": r.slow}
+                 "completed": r.completed, "aborted": r.aborted, "preempted": r.preempted,
+                 "killed": r.killed, "slow": r.slow}
                 for r in self.replicas],
         }
 
@@ -372,15 +395,41 @@ class EmulatedCluster:
             await asyncio.sleep(0.05)
 
     def _admit(self) -> bool:
+        """Each replica's scheduling for the step about to run (``ReplicaEngine._schedule``):
+        while its running KV exceeds the budget it preempts the newest running request (back to
+        the head of its queue, KV lost); only in a step without a preemption it admits waiting
+        requests in order while the next one's KV (s_i + a_i) fits and a slot is free, a
+        replica with nothing running taking its head request whatever its size. Returns whether
+        a request started for the first time."""
         admitted = False
         slots = self.config.slots
+        cap = self.kv_budget
         for rep in self.replicas:
+            rep.recompute = 0
             if rep.killed or rep.hung:
                 continue
+            if rep.load > cap and len(rep.running) > 1:
+                while rep.load > cap and len(rep.running) > 1:
+                    req = rep.running.pop()  # the newest running request
+                    rep.load -= req.prompt + req.age
+                    req.recompute = True
+                    rep.waiting.appendleft(req)
+                    rep.preempted += 1
+                    self.counts["preempted"] += 1
+                continue
             while rep.waiting and len(rep.running) < slots:
-                req = rep.waiting.popleft()
+                req = rep.waiting[0]
+                need = req.prompt + req.age
+                if rep.running and rep.load + need > cap:
+                    break
+                rep.waiting.popleft()
                 rep.running.append(req)
-                rep.load += req.prompt
+                rep.load += need
+                if req.recompute:
+                    req.recompute = False
+                    rep.recompute += need
+                    self.counts["recomputed_tokens"] += need
+                    continue
                 rep.prompt_tokens += req.prompt
                 self.counts["admitted"] += 1
                 admitted = True
@@ -432,6 +481,11 @@ class EmulatedCluster:
             tau = self.config.step_model.step_time(loads, active, slow)
         else:  # replicas of different speed: the barrier waits for the slowest
             tau = max(m.b + f * (m.a * x + m.c * n) for m, f, x, n in zip(steps, slow, loads, active))
+        if any(r.recompute for r in self.replicas):  # a local prefill in the step: the barrier waits
+            per = steps or (self.config.step_model,) * g_count
+            p = self.config.recompute_s_per_token
+            tau = max(m.b + f * (m.a * x + m.c * n) + p * r.recompute
+                      for m, f, x, n, r in zip(per, slow, loads, active, self.replicas))
         self.totals.record(loads, float(tau))
         return loads, tau, admitted
 

@@ -240,6 +240,8 @@ class _VllmCollector:
             "kv": GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels=labels),
             "prompt": CounterMetricFamily("vllm:prompt_tokens", "Number of prefill tokens processed.", labels=labels),
             "gen": CounterMetricFamily("vllm:generation_tokens", "Number of generation tokens processed.", labels=labels),
+            "preempted": CounterMetricFamily("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+                                             labels=labels),
         }
         success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
                                       labels=[*labels, "finished_reason"])
@@ -256,6 +258,7 @@ class _VllmCollector:
                 cache.add_metric([str(block), str(g), str(cl.kv_budget // block)], 1.0)
                 families["prompt"].add_metric(key, rep.prompt_tokens)
                 families["gen"].add_metric(key, rep.generated)
+                families["preempted"].add_metric(key, rep.preempted)
                 for reason in ("length", "stop", "abort"):
                     success.add_metric([*key, reason], rep.finished[reason])
             else:

@@ -67,6 +67,7 @@ class Ticket:
     client_id: str = ""  # the client's X-Request-Id (sanitised), for the access log
     stream: bool = False
     pool_wait_s: float | None = None  # pooled until the replica that served it was picked
+    output_cap: int | None = None  # the most output tokens it may get (None: unknown)
 
 
 class Ledger:
@@ -96,6 +97,7 @@ class Ledger:
         self.accepted = 0
         self.finished: Counter[str] = Counter()
         self.tickets: dict[int, Ticket] = {}
+        self._caps: Counter[int | None] = Counter()  # the live tickets' output caps, counted
         self.step = 0
         self.relayed = 0  # completion tokens relayed: Σ of every a_i's growth (the metrics' counter)
         self._next_rid = 0
@@ -185,15 +187,18 @@ class Ledger:
         return len(loads) * max(loads) - sum(loads)
 
     # ------------------------------------------------------------ transitions
-    def admit(self, request_id: str, *, endpoint: str = "", now: float = 0.0) -> Ticket:
-        """Accept a new request (state ``admitted``); raises :class:`PoolFull` or
-        :class:`NoReplica`."""
+    def admit(self, request_id: str, *, endpoint: str = "", now: float = 0.0,
+              output_cap: int | None = None) -> Ticket:
+        """Accept a new request (state ``admitted``), which will generate at most ``output_cap``
+        tokens (``None``: unknown); raises :class:`PoolFull` or :class:`NoReplica`."""
         if not self._in_service:
             raise NoReplica("no decode replica is in service")
         if self.prefilling + len(self.pool) >= self.pool_capacity:
             raise PoolFull(f"{self.prefilling + len(self.pool)} requests are already waiting")
-        ticket = Ticket(rid=self._next_rid, request_id=request_id, endpoint=endpoint, created=now)
+        ticket = Ticket(rid=self._next_rid, request_id=request_id, endpoint=endpoint, created=now,
+                        output_cap=output_cap)
         self._next_rid += 1
+        self._caps[output_cap] += 1
         self.tickets[ticket.rid] = ticket
         self.prefilling += 1
         self.accepted += 1
@@ -271,8 +276,20 @@ class Ledger:
         ticket.state = "done"
         ticket.outcome = outcome
         del self.tickets[ticket.rid]
+        caps = self._caps
+        caps[ticket.output_cap] -= 1
+        if not caps[ticket.output_cap]:
+            del caps[ticket.output_cap]
         self.finished[outcome] += 1
         return True
+
+    def output_cap(self) -> int | None:
+        """The largest output cap of the live tickets (the c of ``ClusterState.output_cap``: no
+        output exceeds it); ``None`` while one of them has none or there are none."""
+        caps = self._caps
+        if not caps or None in caps:
+            return None
+        return max(caps)  # type: ignore[type-var]
 
     def expire(self, now: float) -> list[Ticket]:
         """Take the pooled tickets whose KV lease has ended out of the pool (state

@@ -455,6 +455,18 @@ def approx_prompt_tokens(payload: dict[str, Any]) -> int:
     return max(1, ids + sum(math.ceil(len(t.encode()) / 4) for t in texts) + 4 * messages)
 
 
+def output_cap(payload: dict[str, Any], *, chat: bool, max_model_len: int | None) -> int | None:
+    """The most output tokens a checked request may get, as vLLM bounds it: chat's
+    ``max_completion_tokens``, else ``max_tokens``; absent, the OpenAI API's default — 16 for a
+    completion — or, for a chat completion (no default), the model's context length when known
+    (``None`` otherwise)."""
+    for name in ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",):
+        value = payload.get(name)
+        if value is not None:
+            return int(value)
+    return max_model_len if chat else 16
+
+
 def words_prompt_tokens(payload: dict[str, Any]) -> int:
     """The emulator's tokenizer: one token per whitespace-separated word; token-id prompts
     count exactly; each chat message adds 4 template tokens."""

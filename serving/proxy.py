@@ -50,6 +50,7 @@ from .protocol import (
     ApiError,
     ClientRequest,
     approx_prompt_tokens,
+    output_cap,
     parse_body,
     public_reason,
     validate_request,
@@ -228,7 +229,9 @@ class Proxy:
             body = await _read_body(request, self.config.max_body_bytes)
             creq = validate_request(parse_body(body), chat=chat, max_model_len=self.config.max_model_len)
             try:
-                ticket = self.ledger.admit(request_id, endpoint=endpoint, now=time.monotonic())
+                ticket = self.ledger.admit(request_id, endpoint=endpoint, now=time.monotonic(),
+                                           output_cap=output_cap(creq.payload, chat=chat,
+                                                                 max_model_len=self.config.max_model_len))
             except PoolFull as exc:
                 raise ApiError(429, f"the request pool is full ({exc}); retry later", kind="pool_full",
                                code="pool_full",

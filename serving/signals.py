@@ -209,6 +209,9 @@ class Signals:
                 state.free_slots = np.maximum(state.free_slots - running, 0)
         if _HAS_BUDGET and self._budgeted:  # reported, or configured (kv_budget)
             state.kv_budget = np.where(self.budget >= 0, self.budget, _NO_BUDGET)
+            # the requests' own max_tokens bound every output: BR plans each replica's KV until
+            # all of its requests have ended (never a preemption), not over a fixed window
+            state.output_cap = self.ledger.output_cap()
         if self.speed_fit is not None and _HAS_STEP:
             a, b, c = self.speed_fit.coefficients(state.now)
             state.step_a, state.step_b, state.step_c = a, b, c

@@ -202,3 +202,36 @@ def test_random_operations_keep_the_accounting(ops, policy_name) -> None:
         assert led.finish(t, "end")
     assert led.accepted == sum(led.finished.values())
     assert not led.loads.any() and not led.num_active.any() and not led.pool and led.prefilling == 0
+
+
+def test_the_output_cap_is_the_largest_live_requests_and_unknown_if_one_has_none() -> None:
+    """What the tick is told as ``ClusterState.output_cap`` with budgets: the largest output cap
+    among the requests not yet ended (admitted, pooled or running); an unknown cap makes it
+    unknown; ended requests no longer count."""
+    led = Ledger([2, 2], pool_capacity=8)
+    a = led.admit("a", output_cap=100)
+    b = led.admit("b", output_cap=300)
+    c = led.admit("c", output_cap=300)
+    assert led.output_cap() == 300
+    led.finish(b, "ok")
+    assert led.output_cap() == 300  # c still has it
+    led.finish(c, "ok")
+    assert led.output_cap() == 100
+    d = led.admit("d")
+    assert led.output_cap() is None
+    led.finish(d, "ok")
+    led.finish(d, "ok")  # a second end changes nothing
+    assert led.output_cap() == 100
+    led.finish(a, "ok")
+    assert led.output_cap() is None  # nothing live
+
+
+def test_a_requests_output_cap_follows_the_openai_defaults() -> None:
+    from balanceroute.serving.protocol import output_cap
+
+    assert output_cap({"max_tokens": 50, "max_completion_tokens": 20}, chat=True, max_model_len=None) == 20
+    assert output_cap({"max_tokens": 50}, chat=True, max_model_len=4096) == 50
+    assert output_cap({}, chat=True, max_model_len=4096) == 4096
+    assert output_cap({}, chat=True, max_model_len=None) is None
+    assert output_cap({"max_tokens": 7}, chat=False, max_model_len=None) == 7
+    assert output_cap({}, chat=False, max_model_len=4096) == 16  # the completions API's default
