@@ -196,13 +196,18 @@ class DecodeReplica:
     :class:`PrefillEndpoint`. ``kv_budget``: the replica's KV cache in tokens (vLLM
     num_gpu_blocks × block_size, SGLang max_total_num_tokens): BR-0 and BR-H never plan a load
     above it (docs/replicas.md); an engine that reports its cache size (``engine_state``)
-    replaces it; ``None``: unbounded until an engine reports one."""
+    replaces it; ``None``: unbounded until an engine reports one. ``kv_block_size``: the tokens
+    of one KV block (vLLM ``--block-size``, 16 by default; 1 for SGLang's token pool): the engine
+    allocates whole blocks per request, so up to ``kv_block_size − 1`` tokens of each running
+    request's last block are held but unused, and the tick plans against
+    ``kv_budget − slots·(kv_block_size − 1)``."""
 
     url: str
     dp_rank: int | None = None
     slots: int | None = None
     api_key_env: str | None = None
     kv_budget: int | None = None
+    kv_block_size: int = 16
 
     def api_key(self) -> str | None:
         """The bearer token for this server, if one is configured."""
@@ -216,6 +221,8 @@ class DecodeReplica:
             raise ValueError(f"{self.slots=} must be >= 1")
         if self.kv_budget is not None and self.kv_budget < 1:
             raise ValueError(f"{self.kv_budget=} must be a number of tokens >= 1")
+        if self.kv_block_size < 1:
+            raise ValueError(f"{self.kv_block_size=} must be a number of tokens >= 1")
 
     @property
     def label(self) -> str:

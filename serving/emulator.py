@@ -8,11 +8,13 @@ step in lock-step like DP ranks joined by a collective: each step lasts
 ``τ = b + max_g(slow_g·(a·L_g + c·n_g))`` (``core.dynamics.StepModel``), scaled to wall time by
 ``time_scale``, then every running request gets one token. A replica admits waiting requests
 up to ``slots`` at the start of a step (vLLM ``max_num_seqs``) while their KV fits the
-replica's budget (``kv_capacity_tokens`` in whole blocks, what it reports as vLLM's
-``num_gpu_blocks``), and preempts its newest running request while the running KV outgrows it:
+replica's blocks, and preempts its newest running request while the running KV outgrows them:
 the scheduling of ``core.replica_engine`` (vLLM v1's FCFS scheduler; ``docs/replicas.md``), the
 preempted request recomputing its s_i + a_i tokens when admitted again at
-``recompute_s_per_token`` seconds each, in that step.
+``recompute_s_per_token`` seconds each, in that step. As in vLLM the KV is allocated in blocks
+of ``block_size`` tokens per request — a request of s_i + a_i tokens holds
+⌈(s_i + a_i) / block_size⌉ of the replica's ``kv_capacity_tokens // block_size`` blocks (its
+``num_gpu_blocks``) — where the simulator counts tokens; with ``block_size = 1`` the two agree.
 
 Tokenisation (documented, tokenizer-free): a prompt has one token per whitespace-separated
 word, token-id prompts count exactly, chat messages add 4 tokens each. Output length is
@@ -68,9 +70,9 @@ class EmulatorConfig:
     token), ``killed`` replicas (503, streams cut), ``slow`` replicas ((g, factor) pairs),
     ``poison_word`` (every decode replica answers 500 to a prompt containing it).
     ``kv_capacity_tokens``: each decode replica's KV budget (rounded down to whole blocks of
-    ``block_size``), enforced as vLLM does (queue, then preempt the newest; the module
-    docstring); ``recompute_s_per_token``: what a preempted request's recompute adds to its
-    replica's step, per token.
+    ``block_size``, allocated per request), enforced as vLLM does (queue, then preempt the
+    newest; the module docstring); ``recompute_s_per_token``: what a preempted request's
+    recompute adds to its replica's step, per token.
     ``replica_steps``: one step model per replica (a_g, b_g, c_g; docs/replicas.md), the step
     then lasting max_g (b_g + slow_g·(a_g·L_g + c_g·n_g)); ``None``: ``step_model`` everywhere.
     ``stamp_chunks`` adds ``emulator_ts`` (``time.monotonic()`` when the token was made) to
@@ -173,6 +175,7 @@ class _Replica:
     aborted: int = 0
     preempted: int = 0
     recompute: int = 0  # tokens it recomputes in the step being booked
+    blocks: int = 0  # KV blocks its running requests hold, ⌈(s_i + a_i) / block_size⌉ each
     prompt_tokens: int = 0
     generated: int = 0
     finished: dict[str, int] = field(default_factory=lambda: {"length": 0, "stop": 0, "abort": 0})
@@ -360,6 +363,7 @@ class EmulatedCluster:
         if req in rep.running:
             rep.running.remove(req)
             rep.load -= req.prompt + req.age
+            rep.blocks -= self._blocks(req.prompt + req.age)
         elif req in rep.waiting:
             rep.waiting.remove(req)
         req.done = True
@@ -376,7 +380,7 @@ class EmulatedCluster:
             req.event.set()
         rep.running.clear()
         rep.waiting.clear()
-        rep.load = 0
+        rep.load = rep.blocks = 0
 
     def revive(self, g: int) -> None:
         """Replica g is back: it admits requests again."""
@@ -403,15 +407,17 @@ class EmulatedCluster:
         a request started for the first time."""
         admitted = False
         slots = self.config.slots
-        cap = self.kv_budget
+        cap = self.kv_budget // self.config.block_size  # blocks
+        blocks = self._blocks
         for rep in self.replicas:
             rep.recompute = 0
             if rep.killed or rep.hung:
                 continue
-            if rep.load > cap and len(rep.running) > 1:
-                while rep.load > cap and len(rep.running) > 1:
+            if rep.blocks > cap and len(rep.running) > 1:
+                while rep.blocks > cap and len(rep.running) > 1:
                     req = rep.running.pop()  # the newest running request
                     rep.load -= req.prompt + req.age
+                    rep.blocks -= blocks(req.prompt + req.age)
                     req.recompute = True
                     rep.waiting.appendleft(req)
                     rep.preempted += 1
@@ -420,11 +426,12 @@ class EmulatedCluster:
             while rep.waiting and len(rep.running) < slots:
                 req = rep.waiting[0]
                 need = req.prompt + req.age
-                if rep.running and rep.load + need > cap:
+                if rep.running and rep.blocks + blocks(need) > cap:
                     break
                 rep.waiting.popleft()
                 rep.running.append(req)
                 rep.load += need
+                rep.blocks += blocks(need)
                 if req.recompute:
                     req.recompute = False
                     rep.recompute += need
@@ -434,6 +441,10 @@ class EmulatedCluster:
                 self.counts["admitted"] += 1
                 admitted = True
         return admitted
+
+    def _blocks(self, tokens: int) -> int:
+        """KV blocks that ``tokens`` of one request hold."""
+        return -(-tokens // self.config.block_size)
 
     def _advance(self) -> int:
         """Every running request gets one token (L_g grows by n_g); finished or cut ones leave
@@ -448,16 +459,21 @@ class EmulatedCluster:
             rep.generated += n
             generated += n
             keep = []
+            block = self.config.block_size
             for req in rep.running:
+                if (req.prompt + req.age) % block == 0:  # its next token starts a new block
+                    rep.blocks += 1
                 req.age += 1
                 req.stamp = stamp
                 if req.break_at and req.age >= req.break_at:
                     req.broken = req.done = True
                     rep.load -= req.prompt + req.age
+                    rep.blocks -= self._blocks(req.prompt + req.age)
                     self.counts["broken"] += 1
                 elif req.age >= req.output:
                     req.done = True
                     rep.load -= req.prompt + req.age
+                    rep.blocks -= self._blocks(req.prompt + req.age)
                     rep.completed += 1
                     self.counts["completed"] += 1
                 else:

@@ -254,7 +254,7 @@ class _VllmCollector:
                 rep = cl.replicas[g]
                 families["running"].add_metric(key, len(rep.running))
                 families["waiting"].add_metric(key, len(rep.waiting))
-                families["kv"].add_metric(key, min(1.0, rep.load / cl.kv_budget))
+                families["kv"].add_metric(key, min(1.0, rep.blocks * block / cl.kv_budget))  # blocks in use
                 cache.add_metric([str(block), str(g), str(cl.kv_budget // block)], 1.0)
                 families["prompt"].add_metric(key, rep.prompt_tokens)
                 families["gen"].add_metric(key, rep.generated)

@@ -184,7 +184,7 @@ class Proxy:
                                on_read=self._on_engine_read)
         for g, d in enumerate(config.decode):  # configured KV budgets (an engine report replaces one)
             if getattr(d, "kv_budget", None):
-                self.signals.set_budget(g, d.kv_budget)
+                self.signals.set_budget(g, d.kv_budget, d.kv_block_size)
         self.ledger.reconcile = self.signals.reconcile
         self.ledger.reconciles = self.signals.adds_state
         self.metrics.register_gauges(self._extra_gauges)

@@ -97,6 +97,8 @@ class Signals:
         self.own_load_at = np.zeros(g, dtype=np.int64)  # the ledger when each sample came
         self.own_running_at = np.zeros(g, dtype=np.int64)
         self.budget = np.full(g, -1, dtype=np.int64)  # -1: not reported (written by set_budget)
+        self.block = np.ones(g, dtype=np.int64)  # its KV block, in tokens
+        self._tick_budget = np.full(g, _NO_BUDGET, dtype=np.int64)  # what the tick plans against
         self._budgeted = False  # whether any budget is known: adds_state without a numpy call
         self.reads = 0
         self.failures = 0
@@ -118,13 +120,19 @@ class Signals:
             self.own_load_at[g] = led.loads[g]
             self.own_running_at[g] = led.num_active[g]
             if s.kv_budget is not None and s.kv_budget > 0:
-                self.set_budget(g, s.kv_budget)
+                self.set_budget(g, s.kv_budget, s.kv_block or 1)
 
-    def set_budget(self, replica: int, tokens: int) -> None:
+    def set_budget(self, replica: int, tokens: int, block: int = 1) -> None:
         """Replica ``replica``'s KV budget is ``tokens`` (configured, or reported by its
-        engine); ``-1``: unknown again."""
+        engine), allocated in blocks of ``block`` tokens per request; ``-1``: unknown again.
+        The tick plans in tokens against ``tokens − B_g·(block − 1)`` (at least one token): each
+        of the replica's B_g running requests may hold up to ``block − 1`` unused tokens of its
+        last block, so a plan within it never needs more blocks than the engine has."""
         self.budget[replica] = tokens
+        self.block[replica] = block
         self._budgeted = bool((self.budget >= 0).any())
+        reserve = self.ledger.capacity * (self.block - 1)
+        self._tick_budget = np.where(self.budget >= 0, np.maximum(self.budget - reserve, 1), _NO_BUDGET)
 
     async def poll_once(self) -> None:
         """Read every source once, concurrently; a failure is counted and logged (at most every
@@ -208,7 +216,7 @@ class Signals:
                 state.num_active = state.num_active + running
                 state.free_slots = np.maximum(state.free_slots - running, 0)
         if _HAS_BUDGET and self._budgeted:  # reported, or configured (kv_budget)
-            state.kv_budget = np.where(self.budget >= 0, self.budget, _NO_BUDGET)
+            state.kv_budget = self._tick_budget
             # the requests' own max_tokens bound every output: BR plans each replica's KV until
             # all of its requests have ended (never a preemption), not over a fixed window
             state.output_cap = self.ledger.output_cap()
@@ -220,7 +228,8 @@ class Signals:
     def replica_status(self, g: int, now: float | None = None) -> dict[str, Any]:
         """``/status`` fields of replica ``g``: its KV budget when known; with engine state,
         the last report (and its age), foreign and reconciled load."""
-        budget = {"kv_budget": int(self.budget[g])} if self.budget[g] >= 0 else {}
+        budget = {"kv_budget": int(self.budget[g]), "kv_block_size": int(self.block[g]),
+                  "kv_budget_planned": int(self._tick_budget[g])} if self.budget[g] >= 0 else {}
         if not self.readers:
             return budget
         load, running, age = self.foreign(now)

@@ -29,7 +29,8 @@ class EngineSample:
     ``replica`` is the index in the proxy's decode list (DP rank resolved); ``running`` and
     ``waiting`` are request counts; ``kv_tokens`` the KV tokens in use (vLLM:
     ``kv_cache_usage_perc`` × the budget, so block-granular); ``kv_budget`` the KV token capacity
-    (vLLM ``num_gpu_blocks × block_size``, SGLang ``max_total_num_tokens``); ``None`` where the
+    (vLLM ``num_gpu_blocks × block_size``, SGLang ``max_total_num_tokens``); ``kv_block`` the
+    tokens of one KV block, allocated whole per request (vLLM ``block_size``); ``None`` where the
     source does not say. ``taken_at`` is the proxy's monotonic clock when the answer came.
     """
 
@@ -39,6 +40,7 @@ class EngineSample:
     kv_tokens: int | None
     kv_budget: int | None
     taken_at: float
+    kv_block: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

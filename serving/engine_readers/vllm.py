@@ -47,6 +47,7 @@ def parse_vllm_metrics(text: str) -> dict[str, dict[str, float]]:
                 except (KeyError, ValueError):
                     continue
                 row["budget"] = float(blocks * size)
+                row["block"] = float(size)
     return out
 
 
@@ -83,5 +84,6 @@ class VllmMetricsReader(HttpReader):
         budget = total("budget")
         used = (sum(r["usage"] * r["budget"] for r in rows)
                 if all("usage" in r and "budget" in r for r in rows) else None)
+        block = max((r["block"] for r in rows), default=None) if all("block" in r for r in rows) else None
         return EngineSample(target.replica, _int(total("running")), _int(total("waiting")),
-                            _int(used), _int(budget), now)
+                            _int(used), _int(budget), now, _int(block))

@@ -160,6 +160,12 @@ def test_signals_say_when_they_add_to_the_ledgers_state() -> None:
     assert sig.adds_state() and not led.own_state()
     state, _ = led.build_tick(1.0)
     assert state.kv_budget is not None and state.kv_budget[1] == 5_000
+    sig.set_budget(1, 5_000, block=16)  # whole blocks of 16 per request: 15 tokens a slot held back
+    state, _ = led.build_tick(1.0)
+    assert state.kv_budget[1] == 5_000 - 2 * 15 and sig.replica_status(1)["kv_budget_planned"] == 4_970
+    sig.set_budget(1, 20, block=16)  # less than the reserve: the tick still gets a budget of 1 token
+    state, _ = led.build_tick(1.0)
+    assert state.kv_budget[1] == 1
     sig.set_budget(1, -1)
     assert not sig.adds_state()
     sig.speed_fit = SpeedFit(num_replicas=3)  # fitted speeds: reconcile hands them to the state

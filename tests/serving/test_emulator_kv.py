@@ -27,14 +27,15 @@ def _request(i: int, prompt: int, output: int, g: int) -> EmulatedRequest:
 
 
 def test_a_full_replica_preempts_its_newest_request_which_recomputes_later() -> None:
-    """One replica of 32 tokens (two blocks of 16), two requests of 10 prompt and 20 output tokens.
+    """One replica of 32 tokens (blocks of one token: the simulator's model), two requests of 10
+    prompt and 20 output tokens.
     Both start (20 ≤ 32) and grow by 2 a step; at step 7 the running KV is 34 > 32, so the newer
     one, b, is preempted (KV 17: prompt 10 + age 7) and waits at the head of the queue while a
     runs alone (17 + 18 > 32). When a finishes b is admitted again and recomputes its 17 tokens in
     that step, which lasts p·17 longer."""
     p = 1e-3
     cluster = EmulatedCluster(EmulatorConfig(num_replicas=1, slots=64, num_prefill=0, step_model=STEP,
-                                             kv_capacity_tokens=32, recompute_s_per_token=p))
+                                             kv_capacity_tokens=32, block_size=1, recompute_s_per_token=p))
     a, b = _request(0, 10, 20, 0), _request(1, 10, 20, 0)
     cluster.submit(a)
     cluster.submit(b)
@@ -58,7 +59,7 @@ def test_a_request_larger_than_the_budget_runs_alone() -> None:
     """vLLM's rule as the engine has it: a replica with nothing running admits its head request
     whatever its size, and never preempts a lone request."""
     cluster = EmulatedCluster(EmulatorConfig(num_replicas=1, slots=64, num_prefill=0, step_model=STEP,
-                                             kv_capacity_tokens=16))
+                                             kv_capacity_tokens=16, block_size=1))
     big, small = _request(0, 40, 3, 0), _request(1, 2, 2, 0)
     cluster.submit(big)
     cluster.submit(small)
@@ -67,6 +68,29 @@ def test_a_request_larger_than_the_budget_runs_alone() -> None:
         loads.append(int(ran[0][0]))
     assert loads == [40, 41, 42, 2, 3]
     assert cluster.counts["preempted"] == 0
+
+
+def test_kv_is_allocated_in_whole_blocks_per_request() -> None:
+    """vLLM's allocation: each request holds whole blocks. Two 20-token prompts in 48 tokens
+    (three blocks of 16) do not fit together — two blocks each — where a token count (40 ≤ 48)
+    says they do; the second starts once the first has left. With 12 tokens each (one block) two
+    fit; at 17 tokens (age 5) each needs a second block: four blocks, so the newer is preempted."""
+    def run(prompt: int, output: int) -> tuple[list[int], EmulatedCluster]:
+        cluster = EmulatedCluster(EmulatorConfig(num_replicas=1, slots=64, num_prefill=0, step_model=STEP,
+                                                 kv_capacity_tokens=48, block_size=16))
+        cluster.submit(_request(0, prompt, output, 0))
+        cluster.submit(_request(1, prompt, output, 0))
+        running = []  # per step, the requests it runs
+        while (begun := cluster.begin_step()) is not None:
+            running.append(len(cluster.replicas[0].running))
+            cluster.end_step(begun[2])
+        return running, cluster
+
+    running, cluster = run(20, 4)
+    assert running == [1] * 8 and cluster.counts["preempted"] == 0
+    running, cluster = run(12, 8)
+    assert running[:5] == [2] * 5 and running[5] == 1  # step 5: 17 tokens each, four blocks
+    assert cluster.counts["preempted"] == 1 and cluster.counts["recomputed_tokens"] == 17
 
 
 @settings(max_examples=150, deadline=None)
@@ -85,7 +109,8 @@ def test_the_emulator_schedules_as_the_simulators_engine(g_count, blocks, reques
     engine = ReplicaEngine(prompt, output, g_count, np.full(g_count, budget, dtype=np.int64),
                            (STEP,) * g_count, recompute_s_per_token=recompute)
     cluster = EmulatedCluster(EmulatorConfig(num_replicas=g_count, slots=1000, num_prefill=0, step_model=STEP,
-                                             kv_capacity_tokens=budget, recompute_s_per_token=recompute))
+                                             kv_capacity_tokens=budget, block_size=1,
+                                             recompute_s_per_token=recompute))
     emulated = [_request(i, s, o, g) for i, (s, o, g, _) in enumerate(requests)]
     last = max(k for *_, k in requests)
     k = 0
@@ -127,7 +152,7 @@ def test_through_the_proxy_br0_never_fills_a_replica_past_its_budget(policy: str
     rng = np.random.default_rng(5)
     workload = Workload(name="kv-bound", prompt_len=rng.integers(100, 400, n).astype(np.int64),
                         output_len=rng.integers(300, 900, n).astype(np.int64))
-    with running_emulator(num_replicas=g_count, slots=16, num_prefill=2, time_scale=0.05,
+    with running_emulator(num_replicas=g_count, slots=16, num_prefill=2, time_scale=0.2,
                           kv_capacity_tokens=budget) as emu:
         mapping = emu.proxy_mapping("nixl")
         mapping.update(policy=policy, pool_capacity=256, health_interval_s=0,
@@ -142,3 +167,27 @@ def test_through_the_proxy_br0_never_fills_a_replica_past_its_budget(policy: str
         assert preempted == 0, stats["per_replica"]
     else:  # the budget binds: the same load preempts without the rule
         assert preempted > 0, stats["per_replica"]
+
+
+def test_through_the_proxy_br0_keeps_room_for_the_engines_whole_blocks() -> None:
+    """vLLM allocates whole blocks per request, so a replica holds up to ``block − 1`` tokens
+    more per request than their KV. Budgets of 1,024 tokens (64 blocks of 16), 80 requests of
+    50 prompt and 64 output tokens each (113 tokens at most: 8 blocks, 128 tokens): planned in
+    tokens against the whole budget, nine fit where the blocks hold eight, and the emulator
+    preempts (3–4 a run with ``kv_block_size = 1``, tried); against the budget less 15 tokens a
+    slot (``kv_block_size`` 16, the default) it preempts nothing."""
+    g_count, budget, n = 4, 1024, 80
+    workload = Workload(name="blocks", prompt_len=np.full(n, 50, dtype=np.int64),
+                        output_len=np.full(n, 64, dtype=np.int64))
+    with running_emulator(num_replicas=g_count, slots=16, num_prefill=2, time_scale=0.2,
+                          kv_capacity_tokens=budget, block_size=16) as emu:
+        mapping = emu.proxy_mapping("nixl")
+        mapping.update(policy="br0", pool_capacity=256, health_interval_s=0,
+                       decode=[{**d, "kv_budget": budget} for d in mapping["decode"]])
+        with running_proxy(mapping) as (url, proxy, _):
+            summary, _ = run_load_sync(workload, LoadgenConfig(url=url, concurrency=48, timeout_s=120))
+            assert summary["ok"] == n, summary["error_kinds"]
+            assert proxy.signals.replica_status(0)["kv_budget_planned"] == budget - 16 * 15
+            stats = emu.stats()
+    assert stats["requests"]["completed"] == n
+    assert stats["requests"]["preempted"] == 0, stats["per_replica"]

@@ -120,7 +120,9 @@ async def test_a_configured_kv_budget_reaches_the_tick() -> None:
         state = ClusterState(loads=np.zeros(2, np.int64), free_slots=np.full(2, 4),
                              num_active=np.zeros(2, np.int64))
         proxy.signals.reconcile(state)
-        assert state.kv_budget[0] == 5_000 and state.kv_budget[1] > 10**12  # d1: unbounded
+        # planned: the budget less each of d0's 4 slots' unused part of a 16-token block (the
+        # default kv_block_size); d1: unbounded
+        assert state.kv_budget[0] == 5_000 - 4 * 15 and state.kv_budget[1] > 10**12
 
 
 def test_the_emulator_steps_at_its_slowest_replica():
