@@ -362,6 +362,7 @@ def test_a_hung_prefill_costs_new_requests_at_most_the_deadline() -> None:
                      "health_interval_s": 0.5}) as (url, proxy, server):
         wait_until(lambda: httpx.get(url + "/health").status_code == 200, what="ready")
         fault(emu, "prefill", 0, "hang")
+        start = on_loop(server, lambda: asyncio.get_running_loop().time())
 
         async def run() -> list[dict]:
             async with httpx.AsyncClient(timeout=60) as http:
@@ -373,14 +374,17 @@ def test_a_hung_prefill_costs_new_requests_at_most_the_deadline() -> None:
                 return await asyncio.gather(*(one() for _ in range(24)))
 
         results = asyncio.run(run())
+        # how late the proxy's own loop ran meanwhile: a process that gets no CPU keeps no
+        # deadline (a machine loaded far beyond its cores), and the bound allows for that only
+        lag = on_loop(server, lambda: proxy.members.lag.max_since(start))
         fault(emu, "prefill", 0, "thaw")
         ttfts = sorted(r["ttft"] for r in results if r["ttft"] is not None)
         wait_until(lambda: on_loop(server, lambda: proxy.ledger.in_flight == 0), what="idle")
         charged = on_loop(server, lambda: proxy.prefills.detector.hosts[0].ejections
                           + proxy.prefills.detector.hosts[0].consecutive)
-    print(f"\nhung prefill: TTFT max {ttfts[-1]:.2f} s, p50 {ttfts[len(ttfts) // 2]:.2f} s")
+    print(f"\nhung prefill: TTFT max {ttfts[-1]:.2f} s, p50 {ttfts[len(ttfts) // 2]:.2f} s, loop lag {lag:.2f} s")
     assert all(r["done"] and r["error"] is None for r in results), results
-    assert len(ttfts) == 24 and ttfts[-1] <= deadline + 2.0, ttfts
+    assert len(ttfts) == 24 and ttfts[-1] <= deadline + 2.0 + lag, (ttfts, lag)
     assert charged >= 1  # the timeouts counted against the hung instance
 
 
