@@ -25,6 +25,7 @@ import dataclasses
 import gc
 import hashlib
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -169,7 +170,19 @@ def source_code(source: bytes | str) -> bytes:
                 isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
                 and isinstance(stmt.value.value, str))]
             node.body = kept or [ast.Pass()]
-    return ast.dump(tree).encode()
+        if isinstance(node, ast.JoinedStr):  # 3.12 parses some f-string format specs with an empty part
+            node.values = [v for v in node.values if not (isinstance(v, ast.Constant) and v.value == "")]
+    return _dump(tree).encode()
+
+
+def _dump(tree: ast.AST) -> str:
+    """``ast.dump`` as Python 3.11 writes it, on any later Python too, so that a fingerprint —
+    and so the committed results' provenance and the cells' cache — does not depend on the
+    interpreter: 3.13 leaves empty fields out unless told (``show_empty``), and 3.12 added
+    ``type_params`` to functions and classes, empty in code that 3.11 runs (and
+    :func:`source_code` drops the empty f-string parts 3.12's parser adds)."""
+    text = ast.dump(tree, show_empty=True) if sys.version_info >= (3, 13) else ast.dump(tree)
+    return text.replace(", type_params=[]", "")
 
 
 @lru_cache(maxsize=4)
