@@ -147,7 +147,7 @@ def test_through_the_proxy_br0_never_fills_a_replica_past_its_budget(policy: str
     KV holds until every request there has ended — the emulator preempts nothing. Least-load,
     routing on slots as a token-blind baseline does, is preempted there; and so is BR-0 when the
     proxy does not give it the requests' cap (its 256-step window then misses outputs longer than
-    the window: 16–22 preemptions a run, tried)."""
+    the window: 20–22 preemptions a run, tried)."""
     g_count, budget, n = 4, 4096, 80
     rng = np.random.default_rng(5)
     workload = Workload(name="kv-bound", prompt_len=rng.integers(100, 400, n).astype(np.int64),
