@@ -133,6 +133,7 @@ class Signals:
         self._budgeted = bool((self.budget >= 0).any())
         reserve = self.ledger.capacity * (self.block - 1)
         self._tick_budget = np.where(self.budget >= 0, np.maximum(self.budget - reserve, 1), _NO_BUDGET)
+        self._tick_budget.flags.writeable = False  # every tick's state shares it: read-only
 
     async def poll_once(self) -> None:
         """Read every source once, concurrently; a failure is counted and logged (at most every
