@@ -493,12 +493,11 @@ class EmulatedCluster:
         active = np.fromiter((len(r.running) for r in self.replicas), dtype=np.float64, count=g_count)
         slow = np.fromiter((0.0 if r.hung else r.slow for r in self.replicas), dtype=np.float64, count=g_count)
         steps = self.config.replica_steps
-        if steps is None:
+        recompute = any(r.recompute for r in self.replicas)
+        if steps is None and not recompute:
             tau = self.config.step_model.step_time(loads, active, slow)
-        else:  # replicas of different speed: the barrier waits for the slowest
-            tau = max(m.b + f * (m.a * x + m.c * n) for m, f, x, n in zip(steps, slow, loads, active))
-        if any(r.recompute for r in self.replicas):  # a local prefill in the step: the barrier waits
-            per = steps or (self.config.step_model,) * g_count
+        else:  # replicas of different speed, or a local prefill in the step: the barrier waits
+            per = steps or (self.config.step_model,) * g_count  # for the slowest replica
             p = self.config.recompute_s_per_token
             tau = max(m.b + f * (m.a * x + m.c * n) + p * r.recompute
                       for m, f, x, n, r in zip(per, slow, loads, active, self.replicas))

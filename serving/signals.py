@@ -128,6 +128,8 @@ class Signals:
         The tick plans in tokens against ``tokens − B_g·(block − 1)`` (at least one token): each
         of the replica's B_g running requests may hold up to ``block − 1`` unused tokens of its
         last block, so a plan within it never needs more blocks than the engine has."""
+        if self.budget[replica] == tokens and self.block[replica] == block:
+            return  # (each engine poll reports it again)
         self.budget[replica] = tokens
         self.block[replica] = block
         self._budgeted = bool((self.budget >= 0).any())
